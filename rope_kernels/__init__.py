@@ -1,0 +1,36 @@
+"""Rotary Position Embedding (RoPE) in Triton: a drop-in for TransformerEngine's fused RoPE.
+
+    from rope_kernels import RotaryPositionEmbedding, apply_rotary_pos_emb
+    freqs = RotaryPositionEmbedding(head_dim)(max_seq_len)
+    out = apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)
+
+Without a GPU, importing this package turns on Triton's interpreter (unless TRITON_INTERPRET is
+already set), so the same kernels run on CPU tensors; ``MODE`` says which mode is active.
+"""
+
+import os as _os
+
+import torch as _torch
+
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    # Must happen before the kernel modules run @triton.jit.
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from .api import RoPEFunction, apply_rotary_pos_emb  # noqa: E402
+from .reference import RotaryPositionEmbedding, rope_reference, rotate_half  # noqa: E402
+from .rope_1d import rope_1d  # noqa: E402
+from .rope_2d import INTERPRETED, rope_2d  # noqa: E402
+
+MODE = "triton-interpreter (CPU)" if INTERPRETED else "compiled (GPU)"
+
+__all__ = [
+    "MODE",
+    "INTERPRETED",
+    "RoPEFunction",
+    "RotaryPositionEmbedding",
+    "apply_rotary_pos_emb",
+    "rope_1d",
+    "rope_2d",
+    "rope_reference",
+    "rotate_half",
+]

@@ -1,0 +1,177 @@
+"""Naive PyTorch RoPE: TransformerEngine's unfused formula, and its angle table.
+
+This module is the ground truth of the package. Every line is plain PyTorch, it works in any
+floating dtype (float64 included, which is what the tests use), and it follows the semantics of
+NVIDIA TransformerEngine's ``apply_rotary_pos_emb(..., fused=False)``:
+
+    out = cat(t[..., :d2] * cos(freqs) + rotate_half(t[..., :d2]) * sin(freqs), t[..., d2:])
+
+Shapes (letters used throughout the package):
+    s  sequence length            b  batch size           h  number of heads
+    d  head_dim                   d2 rotary_dim (<= d, even)
+    t  total tokens of a packed (thd) batch
+    freqs: [max_seq_len, 1, 1, d2] float32 angles, position-major.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "RotaryPositionEmbedding",
+    "rotate_half",
+    "rope_reference",
+    "freqs_on_cp_rank",
+]
+
+
+class RotaryPositionEmbedding(torch.nn.Module):
+    """Angle table ``theta[m, i] = m * base^(-2i / d2)`` for positions ``m`` (RoFormer, eq. 15).
+
+    Args:
+        dim: head_dim ``d`` of the tensors the table will be applied to.
+        rotary_percent: fraction of ``dim`` that is rotated; ``d2 = int(dim * rotary_percent)``.
+        seq_len_interpolation_factor: if set, positions are divided by it (position interpolation).
+        rotary_base: the base of the geometric progression of frequencies.
+        interleaved: lay the table out for interleaved (GPT-J) pairs ``[f0, f0, f1, f1, ...]``
+            instead of half-split (GPT-NeoX) pairs ``[f0, f1, ..., f0, f1, ...]``.
+
+    Calling it as ``emb(max_seq_len, offset=0)`` returns float32 angles of shape
+    ``[max_seq_len, 1, 1, d2]``, contiguous, as TransformerEngine's module does.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        rotary_percent: float = 1.0,
+        seq_len_interpolation_factor: Optional[float] = None,
+        rotary_base: float = 10000.0,
+        interleaved: bool = False,
+        device: Optional[torch.device] = None,
+    ):
+        super().__init__()
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not 0.0 < rotary_percent <= 1.0:
+            raise ValueError(f"rotary_percent must be in (0, 1], got {rotary_percent!r}")
+        rotary_dim = int(dim * rotary_percent) if rotary_percent < 1.0 else dim
+        if rotary_dim % 2 != 0 or rotary_dim == 0:
+            raise ValueError(
+                f"rotary_dim = int(dim * rotary_percent) must be even and positive, got "
+                f"{rotary_dim} (dim={dim}, rotary_percent={rotary_percent})"
+            )
+        self.rotary_dim = rotary_dim
+        self.seq_len_interpolation_factor = seq_len_interpolation_factor
+        self.rotary_base = rotary_base
+        self.interleaved = interleaved
+        if device is None:
+            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
+        self.register_buffer("inv_freq", 1.0 / (rotary_base**exponents), persistent=False)
+
+    def forward(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        positions = torch.arange(max_seq_len, device=self.inv_freq.device, dtype=torch.float32)
+        positions = positions + offset
+        if self.seq_len_interpolation_factor is not None:
+            positions = positions / self.seq_len_interpolation_factor
+        freqs = torch.outer(positions, self.inv_freq)  # [s, d2/2]
+        if self.interleaved:
+            emb = freqs.repeat_interleave(2, dim=-1)  # [f0, f0, f1, f1, ...]
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)  # [f0, f1, ..., f0, f1, ...]
+        return emb.reshape(max_seq_len, 1, 1, self.rotary_dim).contiguous()
+
+
+def rotate_half(x: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """The "multiply by i" of each channel pair: (x1, x2) -> (-x2, x1).
+
+    Half-split pairs are channels (j, j + d2/2); interleaved pairs are channels (2j, 2j + 1).
+    """
+    if not interleaved:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def freqs_on_cp_rank(freqs: torch.Tensor, seq_len: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Rows of the angle table that a context-parallel rank needs (dual-chunk, as TE does).
+
+    With context parallelism the full sequence of length ``seq_len * cp_size`` is cut into
+    ``2 * cp_size`` chunks; rank r holds chunk r and chunk ``2 * cp_size - 1 - r`` (this balances
+    causal attention work). Its local sequence of length ``seq_len`` therefore uses positions
+    ``[r * seq_len/2, (r+1) * seq_len/2)`` followed by the mirrored chunk from the end.
+    """
+    if cp_size == 1:
+        return freqs
+    chunk = seq_len // 2
+    full = seq_len * cp_size
+    return torch.cat(
+        [
+            freqs[cp_rank * chunk : (cp_rank + 1) * chunk],
+            freqs[full - (cp_rank + 1) * chunk : full - cp_rank * chunk],
+        ]
+    )
+
+
+def _rope_dense(
+    t: torch.Tensor, freqs: torch.Tensor, interleaved: bool, start_positions: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """RoPE on t: [s, b, h, d] with freqs: [>= s, 1, 1, d2] (start_positions: [b] or None)."""
+    seq_len = t.shape[0]
+    if start_positions is not None:
+        # One table slice per batch element: freqs becomes [s, b, 1, d2].
+        freqs = torch.cat([freqs[int(p) : int(p) + seq_len] for p in start_positions.tolist()], 1)
+    freqs = freqs[:seq_len]
+    rotary_dim = freqs.shape[-1]
+    # cos/sin first (in float32 as TE does, in float64 for a float64 t), then the cast to t's dtype.
+    angles = freqs.to(torch.promote_types(freqs.dtype, t.dtype))
+    cos = torch.cos(angles).to(t.dtype)
+    sin = torch.sin(angles).to(t.dtype)
+    t_rot, t_pass = t[..., :rotary_dim], t[..., rotary_dim:]
+    t_rot = t_rot * cos + rotate_half(t_rot, interleaved) * sin
+    return torch.cat((t_rot, t_pass), dim=-1)
+
+
+def rope_reference(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    tensor_format: str = "sbhd",
+    start_positions: Optional[torch.Tensor] = None,
+    interleaved: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+) -> torch.Tensor:
+    """Naive RoPE, differentiable by autograd; ground truth for every kernel in this package.
+
+    Args:
+        t: ``[s, b, h, d]`` (sbhd), ``[b, s, h, d]`` (bshd) or ``[t, h, d]`` (thd).
+        freqs: angles ``[max_seq_len, 1, 1, d2]``; cos/sin are taken in float32 (float64 when
+            ``t`` is float64: pass a float64 ``t`` for an exact reference) and cast to ``t.dtype``.
+        start_positions: int ``[b]`` (or ``[n_seqs]`` for thd): position offset per sequence.
+        cu_seqlens: int ``[n_seqs + 1]`` cumulative (padded, global) sequence lengths, for thd.
+        cp_size, cp_rank: context-parallel world size and rank (dual-chunk slicing).
+
+    Returns a new tensor of ``t``'s shape and dtype. Performs no input validation.
+    """
+    if tensor_format == "sbhd":
+        seq_len = t.shape[0]
+        return _rope_dense(t, freqs_on_cp_rank(freqs, seq_len, cp_size, cp_rank), interleaved,
+                           start_positions)
+    if tensor_format == "bshd":
+        seq_len = t.shape[1]
+        out = _rope_dense(t.transpose(0, 1), freqs_on_cp_rank(freqs, seq_len, cp_size, cp_rank),
+                          interleaved, start_positions)
+        return out.transpose(0, 1)
+    if tensor_format == "thd":
+        local_cu = (cu_seqlens // cp_size).tolist()
+        pieces = []
+        for i, (begin, end) in enumerate(zip(local_cu[:-1], local_cu[1:])):
+            x = t[begin:end].unsqueeze(1)  # [len_i, 1, h, d]
+            starts = None if start_positions is None else start_positions[i : i + 1]
+            f = freqs_on_cp_rank(freqs, end - begin, cp_size, cp_rank)
+            pieces.append(_rope_dense(x, f, interleaved, starts))
+        return torch.cat(pieces).squeeze(1)
+    raise ValueError(f"tensor_format must be 'sbhd', 'bshd' or 'thd', got {tensor_format!r}")

@@ -1,0 +1,359 @@
+"""RoPE, 2-D batch-reusing Triton kernel: the fast path. One self-contained file (torch, triton, stdlib).
+
+Each program owns a tile of ``BLOCK_S`` positions x ``BLOCK_H`` heads (the 2-D grid), computes
+cos/sin for its positions once, and reuses them for every head of the tile and every batch element
+of its batch chunk. Rotated channels are processed as pairs ``(x1, x2) -> (x1*cos - x2*sin,
+x2*cos + x1*sin)``; channels past ``rotary_dim`` are copied in the same pass.
+
+Usage (TransformerEngine conventions)::
+
+    out = rope_2d(t, freqs, tensor_format="sbhd")           # forward
+    grad_t = rope_2d(grad_out, freqs, backward=True)        # backward: sin negated
+
+Shapes: ``t`` is ``[s, b, h, d]`` (sbhd), ``[b, s, h, d]`` (bshd) or ``[total_tokens, h, d]``
+(thd, with ``cu_seqlens``); ``freqs`` is float32 ``[max_seq_len, 1, 1, rotary_dim]``. Any strides
+are accepted; the output is a new contiguous tensor in ``t``'s format (or ``out=`` if given).
+On a machine without a GPU set ``TRITON_INTERPRET=1`` before importing this file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton reads TRITON_INTERPRET when @triton.jit runs, i.e. when this module is imported.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _positions(
+    s_idx,
+    seq_len,
+    cu_seqlens_ptr,
+    start_positions_ptr,
+    n_seqs,
+    search_steps,
+    cp_size,
+    cp_rank,
+    IS_THD: tl.constexpr,
+    HAS_START: tl.constexpr,
+    USE_CP: tl.constexpr,
+):
+    """Row of the angle table used by each row index ``s_idx`` (a position, or a token for thd).
+
+    For thd, the sequence holding each token is found by a binary search over ``cu_seqlens``
+    (``search_steps`` = ceil(log2(n_seqs)) iterations), so the launch never depends on the
+    longest sequence. Per-batch start positions (sbhd/bshd) are added by the caller.
+    """
+    if IS_THD:
+        # Invariant: cu[lo] <= token < cu[hi] (cu = local boundaries, cu_seqlens // cp_size).
+        lo = tl.zeros_like(s_idx)
+        hi = tl.zeros_like(s_idx) + n_seqs
+        for _ in range(search_steps):
+            mid = (lo + hi) // 2
+            go_right = tl.load(cu_seqlens_ptr + mid) // cp_size <= s_idx
+            lo = tl.where(go_right, mid, lo)
+            hi = tl.where(go_right, hi, mid)
+        seq_begin = tl.load(cu_seqlens_ptr + lo) // cp_size
+        cur_len = tl.load(cu_seqlens_ptr + lo + 1) // cp_size - seq_begin
+        local = s_idx - seq_begin
+    else:
+        lo = s_idx
+        cur_len = seq_len
+        local = s_idx
+    if USE_CP:
+        # Dual-chunk context parallelism: the first half of the local sequence is chunk cp_rank,
+        # the second half is chunk (2*cp_size - 1 - cp_rank) of the global sequence.
+        half = cur_len // 2
+        pos = tl.where(
+            local < half,
+            local + cp_rank * half,
+            cur_len * cp_size - (cp_rank + 1) * half + (local - half),
+        )
+    else:
+        pos = local
+    if IS_THD:
+        if HAS_START:
+            pos += tl.load(start_positions_ptr + lo)
+    return pos
+
+
+@triton.jit
+def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.constexpr):
+    """cos/sin of the angles of both channels of each pair, ``[..., HALF]`` each.
+
+    Every output channel uses its own table entry, exactly like the unfused formula. The backward
+    pass applies the transposed rotation R(-theta): sin is negated and the two channels exchange
+    their sines (which changes nothing for the symmetric tables RoPE uses).
+    """
+    row = pos * f_stride_s
+    f1 = tl.load(freqs_ptr + row + c1 * f_stride_d, mask=mask, other=0.0)
+    f2 = tl.load(freqs_ptr + row + c2 * f_stride_d, mask=mask, other=0.0)
+    cos1 = tl.cos(f1)
+    cos2 = tl.cos(f2)
+    if BACKWARD:
+        sin1 = -tl.sin(f2)
+        sin2 = -tl.sin(f1)
+    else:
+        sin1 = tl.sin(f1)
+        sin2 = tl.sin(f2)
+    return cos1, sin1, cos2, sin2
+
+
+@triton.jit
+def rope_2d_kernel(
+    x_ptr,
+    freqs_ptr,
+    out_ptr,
+    cu_seqlens_ptr,
+    start_positions_ptr,
+    seq_len,  # rows of the "sequence" axis: s, or total tokens for thd
+    batch,
+    heads,
+    rotary_dim,
+    head_dim,
+    x_stride_s,
+    x_stride_b,
+    x_stride_h,
+    x_stride_d,
+    o_stride_s,
+    o_stride_b,
+    o_stride_h,
+    o_stride_d,
+    f_stride_s,
+    f_stride_d,
+    n_seqs,
+    search_steps,
+    cp_size,
+    cp_rank,
+    batch_per_program,
+    IS_THD: tl.constexpr,
+    HAS_START: tl.constexpr,
+    USE_CP: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BACKWARD: tl.constexpr,
+    INT64: tl.constexpr,  # 64-bit offsets, for tensors past 2**31 elements
+    BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,  # power of two >= rotary_dim // 2: pairs per head
+    PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0: channels copied through
+):
+    pid_s = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_b = tl.program_id(2)
+
+    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S] rows (positions or tokens)
+    h_idx = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads
+    j = tl.arange(0, HALF)  # [HALF] pair index
+    s_mask = s_idx < seq_len
+    h_mask = h_idx < heads
+    j_mask = j < rotary_dim // 2
+
+    # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
+    if INTERLEAVED:
+        c1 = 2 * j
+        c2 = 2 * j + 1
+    else:
+        c1 = j
+        c2 = j + rotary_dim // 2
+
+    pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
+                     cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
+    sj_mask = s_mask[:, None] & j_mask[None, :]  # [BLOCK_S, HALF]
+    if INT64:
+        pos = pos.to(tl.int64)
+        s_idx = s_idx.to(tl.int64)
+        h_idx = h_idx.to(tl.int64)
+        c1 = c1.to(tl.int64)
+        c2 = c2.to(tl.int64)
+    if not HAS_START or IS_THD:
+        # The reuse: one cos/sin tile per program, shared by all heads and batch elements.
+        cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
+                                          f_stride_s, f_stride_d, sj_mask, BACKWARD)
+
+    # [BLOCK_S, BLOCK_H, 1] offsets of each (row, head); channels are added on the last axis.
+    x_sh = s_idx[:, None, None] * x_stride_s + h_idx[None, :, None] * x_stride_h
+    o_sh = s_idx[:, None, None] * o_stride_s + h_idx[None, :, None] * o_stride_h
+    mask = s_mask[:, None, None] & h_mask[None, :, None] & j_mask[None, None, :]
+    if PASS > 0:
+        p = rotary_dim + tl.arange(0, PASS)
+        if INT64:
+            p = p.to(tl.int64)
+        p_mask = s_mask[:, None, None] & h_mask[None, :, None] & (p < head_dim)[None, None, :]
+
+    b_begin = pid_b * batch_per_program
+    b_end = tl.minimum(b_begin + batch_per_program, batch)
+    for b in range(b_begin, b_end):
+        if INT64:
+            b_wide = b.to(tl.int64)
+        else:
+            b_wide = b
+        x_base = x_ptr + b_wide * x_stride_b
+        o_base = out_ptr + b_wide * o_stride_b
+        if HAS_START and not IS_THD:
+            # Per-batch offsets break the reuse over the batch: this tile needs its own angles.
+            pos_b = pos + tl.load(start_positions_ptr + b)
+            cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos_b[:, None], c1[None, :],
+                                              c2[None, :], f_stride_s, f_stride_d, sj_mask,
+                                              BACKWARD)
+        x1 = tl.load(x_base + x_sh + c1[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
+        x2 = tl.load(x_base + x_sh + c2[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
+        y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
+        y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+        tl.store(o_base + o_sh + c1[None, None, :] * o_stride_d,
+                 y1.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_base + o_sh + c2[None, None, :] * o_stride_d,
+                 y2.to(out_ptr.dtype.element_ty), mask=mask)
+        if PASS > 0:
+            xp = tl.load(x_base + x_sh + p[None, None, :] * x_stride_d, mask=p_mask)
+            tl.store(o_base + o_sh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _canonical(t: torch.Tensor, tensor_format: str):
+    """(seq_rows, batch, heads, head_dim) sizes and strides of ``t`` seen as [s, b, h, d]."""
+    if tensor_format == "sbhd":
+        s, b, h, d = t.shape
+        return (s, b, h, d), t.stride()
+    if tensor_format == "bshd":
+        b, s, h, d = t.shape
+        sb, ss, sh, sd = t.stride()
+        return (s, b, h, d), (ss, sb, sh, sd)
+    if tensor_format == "thd":
+        n, h, d = t.shape
+        sn, sh, sd = t.stride()
+        return (n, 1, h, d), (sn, 0, sh, sd)
+    raise ValueError(f"tensor_format must be 'sbhd', 'bshd' or 'thd', got {tensor_format!r}")
+
+
+def _max_offset(sizes, strides) -> int:
+    return sum((n - 1) * abs(st) for n, st in zip(sizes, strides) if n > 0)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_SM_COUNT = {}
+
+
+def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
+                   device: torch.device) -> dict:
+    """Tile shape and launch parameters (a heuristic, chosen by the sweep in notebook 04).
+
+    Aim for a tile of about 4K elements per batch step (enough bytes in flight per warp), then
+    split the batch across programs only as far as needed to give every SM a few programs.
+    """
+    half = _next_pow2(rotary_dim // 2)
+    width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
+    block_h = min(_next_pow2(heads), max(1, 4096 // width))
+    block_s = min(_next_pow2(seq_rows), max(1, 4096 // (width * block_h)))
+    tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
+    if device.type == "cuda":
+        if device not in _SM_COUNT:
+            _SM_COUNT[device] = _sm_count(device)
+        want = 4 * _SM_COUNT[device]
+        chunks = min(batch, max(1, triton.cdiv(want, tiles)))
+    else:  # the interpreter pays per program: keep them few
+        chunks = 1
+    num_warps = 4 if block_s * block_h * width <= 4096 else 8
+    return dict(block_s=block_s, block_h=block_h, batch_per_program=triton.cdiv(batch, chunks),
+                num_warps=num_warps)
+
+
+def rope_2d(
+    t: torch.Tensor,
+    freqs: torch.Tensor,
+    tensor_format: str = "sbhd",
+    start_positions: Optional[torch.Tensor] = None,
+    interleaved: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    backward: bool = False,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[dict] = None,
+) -> torch.Tensor:
+    """Apply RoPE (or, with ``backward=True``, its transpose) to ``t`` with the 2-D kernel.
+
+    Args:
+        t: ``[s, b, h, d]``, ``[b, s, h, d]`` or ``[total_tokens, h, d]``; float32/16, bfloat16.
+        freqs: float32 angles ``[max_seq_len, 1, 1, rotary_dim]`` (rotary_dim even, <= d).
+        tensor_format: ``"sbhd"``, ``"bshd"`` or ``"thd"``.
+        start_positions: int ``[b]`` (``[n_seqs]`` for thd): first table row of each sequence.
+        interleaved: pairs are channels (2j, 2j+1) instead of (j, j + rotary_dim/2).
+        cu_seqlens: int32 ``[n_seqs + 1]`` cumulative sequence lengths (thd only; the padded
+            global lengths when cp_size > 1).
+        cp_size, cp_rank: context parallelism, dual-chunk slicing as in TransformerEngine.
+        backward: apply R(-theta) instead of R(theta): the gradient of the forward.
+        out: optional output tensor of ``t``'s shape and dtype (any strides).
+        config: optional override of ``default_config`` (block_s, block_h, batch_per_program,
+            num_warps).
+
+    This launcher checks only what it needs to launch safely; ``rope_kernels.apply_rotary_pos_emb``
+    validates values (table length, cu_seqlens) too.
+    """
+    if t.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError(
+            "rope_2d got CPU tensors but the Triton interpreter is off. Either move the tensors "
+            "to a GPU, or set the environment variable TRITON_INTERPRET=1 before this module is "
+            "imported (e.g. `TRITON_INTERPRET=1 python ...`)."
+        )
+    (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
+    rotary_dim = freqs.shape[-1]
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"freqs.shape[-1] (rotary_dim) must be even and <= head_dim={head_dim}, "
+                         f"got {rotary_dim}")
+    if out is None:
+        out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    _, o_strides = _canonical(out, tensor_format)
+    if t.numel() == 0:
+        return out
+    cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device)
+    if config:
+        cfg.update(config)
+
+    is_thd = tensor_format == "thd"
+    n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
+    sizes = (seq_rows, batch, heads, head_dim)
+    int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
+                _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1
+    half = _next_pow2(rotary_dim // 2)
+    pass_width = _next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0
+    grid = (
+        triton.cdiv(seq_rows, cfg["block_s"]),
+        triton.cdiv(heads, cfg["block_h"]),
+        triton.cdiv(batch, cfg["batch_per_program"]),
+    )
+    # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
+    rope_2d_kernel[grid](
+        t, freqs, out,
+        cu_seqlens if is_thd else t,
+        start_positions if start_positions is not None else t,
+        seq_rows, batch, heads, rotary_dim, head_dim,
+        *x_strides, *o_strides,
+        freqs.stride(0), freqs.stride(-1),
+        n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
+        cfg["batch_per_program"],
+        IS_THD=is_thd,
+        HAS_START=start_positions is not None,
+        USE_CP=cp_size > 1,
+        INTERLEAVED=bool(interleaved),
+        BACKWARD=bool(backward),
+        INT64=int64,
+        BLOCK_S=cfg["block_s"],
+        BLOCK_H=cfg["block_h"],
+        HALF=half,
+        PASS=pass_width,
+        num_warps=cfg["num_warps"],
+    )
+    return out
