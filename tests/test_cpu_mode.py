@@ -1,0 +1,85 @@
+"""CPU mode: `import rope_kernels` turns the interpreter on by itself; a kernel file used with the
+interpreter off refuses CPU tensors with an error that says how to fix it. Run in subprocesses,
+because the interpreter is chosen once, when the kernels are defined."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, **env_changes) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(env_changes)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the package chooses compiled kernels")
+def test_import_turns_interpreter_on_without_gpu():
+    code = (
+        "import torch, rope_kernels as rk\n"
+        "t = torch.randn(4, 1, 2, 8)\n"
+        "f = rk.RotaryPositionEmbedding(8)(4)\n"
+        "out = rk.apply_rotary_pos_emb(t, f, fused=True)\n"
+        "ok = torch.allclose(out, rk.rope_reference(t, f), atol=1e-5)\n"
+        "print(rk.MODE, ok)\n"
+    )
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "triton-interpreter (CPU) True"
+
+
+@pytest.mark.parametrize("module,launcher", [("rope_1d", "rope_1d"), ("rope_2d", "rope_2d")])
+def test_copied_kernel_file_explains_cpu_tensors_with_interpreter_off(module, launcher, tmp_path):
+    """The kernel file alone, as a user copies it, with TRITON_INTERPRET=0."""
+    (tmp_path / f"{module}.py").write_text((ROOT / "rope_kernels" / f"{module}.py").read_text())
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import torch\n"
+        f"from {module} import {launcher}\n"
+        "try:\n"
+        f"    {launcher}(torch.randn(4, 1, 2, 8), torch.zeros(4, 1, 1, 8))\n"
+        "except RuntimeError as e:\n"
+        "    print('RuntimeError:', e)\n"
+    )
+    proc = _run(code, TRITON_INTERPRET="0")
+    assert proc.returncode == 0, proc.stderr
+    assert "RuntimeError:" in proc.stdout and "TRITON_INTERPRET=1" in proc.stdout
+
+
+@pytest.mark.parametrize("module,launcher", [("rope_1d", "rope_1d"), ("rope_2d", "rope_2d")])
+def test_copied_kernel_file_works_alone(module, launcher, tmp_path):
+    """Copy one kernel file out of the package: it imports only torch/triton/stdlib and runs."""
+    source = (ROOT / "rope_kernels" / f"{module}.py").read_text()
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
+               if line.startswith(("import ", "from "))}
+    assert imports <= {"__future__", "os", "math", "typing", "torch", "triton"}, imports
+    (tmp_path / f"{module}.py").write_text(source)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import torch\n"
+        f"from {module} import {launcher}\n"
+        f"t = torch.randn(5, 2, 3, 8, device={device!r})\n"
+        "pos = torch.arange(5.0, device=t.device)[:, None]\n"
+        "inv = 10000.0 ** (-torch.arange(0, 8, 2, device=t.device) / 8.0)\n"
+        "f = torch.cat([pos * inv, pos * inv], -1).view(5, 1, 1, 8)\n"
+        f"out = {launcher}(t, f)\n"
+        "x1, x2 = t.chunk(2, -1)\n"
+        "c, s = f.cos(), f.sin()\n"
+        "ref = t * c + torch.cat([-x2, x1], -1) * s\n"
+        "print(torch.allclose(out, ref, atol=1e-5))\n"
+    )
+    env = {} if device == "cuda" else {"TRITON_INTERPRET": "1"}
+    proc = _run(code, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
