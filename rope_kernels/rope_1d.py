@@ -30,7 +30,9 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@triton.jit
+# Sizes and counts are not specialised (fewer recompilations); strides and channel counts are,
+# because stride == 1 and multiples of 16 are what let Triton vectorise loads and stores.
+@triton.jit(do_not_specialize=["n_rows", "seq_len", "batch", "heads", "n_seqs", "search_steps", "cp_size", "cp_rank"])
 def rope_1d_kernel(
     x_ptr,
     freqs_ptr,

@@ -104,7 +104,9 @@ def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.
     return cos1, sin1, cos2, sin2
 
 
-@triton.jit
+# Sizes and counts are not specialised (fewer recompilations); strides and channel counts are,
+# because stride == 1 and multiples of 16 are what let Triton vectorise loads and stores.
+@triton.jit(do_not_specialize=["seq_len", "batch", "heads", "n_seqs", "search_steps", "cp_size", "cp_rank", "batch_per_program"])
 def rope_2d_kernel(
     x_ptr,
     freqs_ptr,
@@ -179,6 +181,9 @@ def rope_2d_kernel(
     x_sh = s_idx[:, None, None] * x_stride_s + h_idx[None, :, None] * x_stride_h
     o_sh = s_idx[:, None, None] * o_stride_s + h_idx[None, :, None] * o_stride_h
     mask = s_mask[:, None, None] & h_mask[None, :, None] & j_mask[None, None, :]
+    if INTERLEAVED:
+        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
+        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
     if PASS > 0:
         p = rotary_dim + tl.arange(0, PASS)
         if INT64:
@@ -200,14 +205,24 @@ def rope_2d_kernel(
             cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos_b[:, None], c1[None, :],
                                               c2[None, :], f_stride_s, f_stride_d, sj_mask,
                                               BACKWARD)
-        x1 = tl.load(x_base + x_sh + c1[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
-        x2 = tl.load(x_base + x_sh + c2[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
+        if INTERLEAVED:
+            # Pairs are adjacent channels: load each row contiguously as [..., HALF, 2] (wide,
+            # coalesced loads) and split it, rather than two stride-2 gathers.
+            x12 = tl.load(x_base + x_sh[:, :, :, None] + c12 * x_stride_d, mask=mask12)
+            x1, x2 = tl.split(x12.to(tl.float32))
+        else:
+            x1 = tl.load(x_base + x_sh + c1[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
+            x2 = tl.load(x_base + x_sh + c2[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
         y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
         y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-        tl.store(o_base + o_sh + c1[None, None, :] * o_stride_d,
-                 y1.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(o_base + o_sh + c2[None, None, :] * o_stride_d,
-                 y2.to(out_ptr.dtype.element_ty), mask=mask)
+        if INTERLEAVED:
+            y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
+            tl.store(o_base + o_sh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
+        else:
+            tl.store(o_base + o_sh + c1[None, None, :] * o_stride_d,
+                     y1.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(o_base + o_sh + c2[None, None, :] * o_stride_d,
+                     y2.to(out_ptr.dtype.element_ty), mask=mask)
         if PASS > 0:
             xp = tl.load(x_base + x_sh + p[None, None, :] * x_stride_d, mask=p_mask)
             tl.store(o_base + o_sh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
@@ -227,9 +242,11 @@ def _canonical(t: torch.Tensor, tensor_format: str):
         sb, ss, sh, sd = t.stride()
         return (s, b, h, d), (ss, sb, sh, sd)
     if tensor_format == "thd":
+        # Heads take the place of the batch: the loop over it reuses each token's sequence
+        # lookup and cos/sin for every head.
         n, h, d = t.shape
         sn, sh, sd = t.stride()
-        return (n, 1, h, d), (sn, 0, sh, sd)
+        return (n, h, 1, d), (sn, sh, 0, sd)
     raise ValueError(f"tensor_format must be 'sbhd', 'bshd' or 'thd', got {tensor_format!r}")
 
 
@@ -247,27 +264,28 @@ _SM_COUNT = {}
 
 
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
-                   device: torch.device) -> dict:
-    """Tile shape and launch parameters (a heuristic, chosen by the sweep in notebook 04).
+                   device: torch.device, element_size: int = 2) -> dict:
+    """Tile shape and launch parameters: a heuristic from the sweep in notebook 04.
 
-    Aim for a tile of about 4K elements per batch step (enough bytes in flight per warp), then
-    split the batch across programs only as far as needed to give every SM a few programs.
+    A tile of about 4 KB of input per batch step (8 heads x 2 positions of 128 bf16 channels)
+    was the fastest on an H200; the batch is split across programs only as far as needed to
+    give every SM a few programs, so that the cos/sin reuse stays as large as possible.
     """
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
-    block_h = min(_next_pow2(heads), max(1, 4096 // width))
-    block_s = min(_next_pow2(seq_rows), max(1, 4096 // (width * block_h)))
+    block_h = min(_next_pow2(heads), 8)
+    block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
     tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
     if device.type == "cuda":
         if device not in _SM_COUNT:
             _SM_COUNT[device] = _sm_count(device)
         want = 4 * _SM_COUNT[device]
         chunks = min(batch, max(1, triton.cdiv(want, tiles)))
-    else:  # the interpreter pays per program: keep them few
+    else:  # the interpreter pays per program: keep them few and large
+        block_s = min(_next_pow2(seq_rows), max(1, 16384 // (width * block_h)))
         chunks = 1
-    num_warps = 4 if block_s * block_h * width <= 4096 else 8
     return dict(block_s=block_s, block_h=block_h, batch_per_program=triton.cdiv(batch, chunks),
-                num_warps=num_warps)
+                num_warps=4)
 
 
 def rope_2d(
@@ -318,7 +336,8 @@ def rope_2d(
     _, o_strides = _canonical(out, tensor_format)
     if t.numel() == 0:
         return out
-    cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device)
+    cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
+                         t.element_size())
     if config:
         cfg.update(config)
 

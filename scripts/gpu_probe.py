@@ -47,35 +47,45 @@ def probe_trig() -> dict:
 
 
 def probe_configs(copy_gbps: float) -> list[dict]:
+    """Stage 1: tile shapes (block_s x block_h, 4 warps). Stage 2: for the 3 best tiles, the
+    batch chunking (batch_per_program) and 8 warps."""
     rows = []
     problems = {
         "sbhd bf16 default": dict(tensor_format="sbhd"),
         "bshd bf16 default": dict(tensor_format="bshd"),
         "sbhd bf16 rp0.5": dict(tensor_format="sbhd", rotary_percent=0.5),
-        "sbhd bf16 batch1": dict(tensor_format="sbhd", batch=1),
         "sbhd fp32 default": dict(tensor_format="sbhd", dtype="fp32"),
         "sbhd bf16 interleaved": dict(tensor_format="sbhd", interleaved=True),
         "thd bf16 256 seqs": dict(tensor_format="thd", n_seqs=256),
+        "thd bf16 4096 seqs": dict(tensor_format="thd", n_seqs=4096),
         "sbhd bf16 d256": dict(tensor_format="sbhd", head_dim=256),
+        "sbhd bf16 seq8192": dict(tensor_format="sbhd", seq_len=8192),
     }
+
+    def one(name, p, c, kwargs):
+        try:
+            ms = time_ms(lambda: rope_2d(p.t, p.freqs, config=c, **kwargs), rep=40)
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(problem=name, config=json.dumps(c), error=str(e)[:200]))
+            return
+        rows.append(dict(problem=name, config="default" if c is None else json.dumps(c), ms=ms,
+                         gbps=p.nbytes / ms / 1e6, frac=p.nbytes / ms / 1e6 / copy_gbps))
+
     for name, kw in problems.items():
         p = Problem(**kw)
         kwargs = p.kwargs()
-        candidates = [None]
-        for bs, bh, nw in itertools.product([1, 2, 4, 8, 16], [1, 2, 4, 8, 16], [4, 8]):
-            elems = bs * bh * p.head_dim
-            if 1024 <= elems <= 8192:
-                candidates.append(dict(block_s=bs, block_h=bh, num_warps=nw))
-        for c in candidates:
-            if True:
-                try:
-                    ms = time_ms(lambda: rope_2d(p.t, p.freqs, config=c, **kwargs), rep=40)
-                except Exception as e:  # noqa: BLE001
-                    rows.append(dict(problem=name, config=str(c), error=str(e)[:200]))
-                    continue
-                rows.append(dict(problem=name, config="default" if c is None else json.dumps(c),
-                                 ms=ms, gbps=p.nbytes / ms / 1e6,
-                                 frac=p.nbytes / ms / 1e6 / copy_gbps))
+        start = len(rows)
+        one(name, p, None, kwargs)
+        for bs, bh in itertools.product([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16]):
+            if 512 <= bs * bh * p.head_dim <= 8192:
+                one(name, p, dict(block_s=bs, block_h=bh, num_warps=4), kwargs)
+        stage1 = sorted((r for r in rows[start:] if "gbps" in r and r["config"] != "default"),
+                        key=lambda r: -r["gbps"])[:3]
+        for r in stage1:
+            base = json.loads(r["config"])
+            for bpp in (1, 2, 4, 8, 16):
+                one(name, p, dict(base, batch_per_program=bpp), kwargs)
+            one(name, p, dict(base, num_warps=8), kwargs)
         ms1 = time_ms(lambda: rope_1d(p.t, p.freqs, **kwargs), rep=40)
         rows.append(dict(problem=name, config="rope_1d default", ms=ms1,
                          gbps=p.nbytes / ms1 / 1e6, frac=p.nbytes / ms1 / 1e6 / copy_gbps))
