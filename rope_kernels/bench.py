@@ -182,6 +182,11 @@ _compiled = {}
 
 def _compiled_naive(t, freqs, tensor_format, interleaved, cu_seqlens):
     if "fn" not in _compiled:
+        # One specialisation per shape (and per requires_grad): allow them all, else dynamo
+        # silently falls back to eager after 8 and the "compiled" numbers would be eager's.
+        torch._dynamo.config.cache_size_limit = 256
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 256
         _compiled["fn"] = torch.compile(rope_reference, dynamic=False)
     return _compiled["fn"](t, freqs, tensor_format, None, interleaved, cu_seqlens)
 

@@ -264,17 +264,28 @@ _SM_COUNT = {}
 
 
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
-                   device: torch.device, element_size: int = 2) -> dict:
-    """Tile shape and launch parameters: a heuristic from the sweep in notebook 04.
+                   device: torch.device, element_size: int = 2, interleaved: bool = False,
+                   is_thd: bool = False) -> dict:
+    """Tile shape and launch parameters: a heuristic from the tile sweep on an H200
+    (scripts/gpu_probe.py, shown in notebook 04).
 
-    A tile of about 4 KB of input per batch step (8 heads x 2 positions of 128 bf16 channels)
-    was the fastest on an H200; the batch is split across programs only as far as needed to
-    give every SM a few programs, so that the cos/sin reuse stays as large as possible.
+    - A tile of about 4 KB of input per batch step (8 heads x 2 positions of 128 bf16
+      channels) was the fastest for sbhd/bshd, in bf16 and fp32 alike.
+    - Interleaved pairs go through split/join of a [..., HALF, 2] tile, which costs registers:
+      4 heads x 1 position did best.
+    - thd (heads are the loop axis there): 4 tokens per program did best.
+    The batch is split across programs only as far as needed to give every SM a few programs,
+    so that the cos/sin reuse over the batch stays as large as possible.
     """
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
-    block_h = min(_next_pow2(heads), 8)
-    block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
+    if is_thd:
+        block_h, block_s = 1, min(_next_pow2(seq_rows), 4)
+    elif interleaved:
+        block_h, block_s = min(_next_pow2(heads), 4), 1
+    else:
+        block_h = min(_next_pow2(heads), 8)
+        block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
     tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
     if device.type == "cuda":
         if device not in _SM_COUNT:
@@ -336,12 +347,11 @@ def rope_2d(
     _, o_strides = _canonical(out, tensor_format)
     if t.numel() == 0:
         return out
+    is_thd = tensor_format == "thd"
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
-                         t.element_size())
+                         t.element_size(), bool(interleaved), is_thd)
     if config:
         cfg.update(config)
-
-    is_thd = tensor_format == "thd"
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
