@@ -1,0 +1,93 @@
+"""Project checks: the environment files agree, notebooks were run top to bottom, the README's
+commands are what CI runs, and the recorded figures carry their provenance."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _name_and_spec(requirement: str) -> tuple[str, str]:
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", requirement)
+    return m.group(1).lower().replace("_", "-"), m.group(2).replace(" ", "")
+
+
+def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    tomllib = pytest.importorskip("tomllib")
+    yaml = pytest.importorskip("yaml")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(map(_name_and_spec, project["dependencies"]))
+    for extra in project["optional-dependencies"].values():
+        wanted |= set(map(_name_and_spec, extra))
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["channels"] == ["conda-forge"]
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = {_name_and_spec(r) for r in pip_section if not r.startswith("-e")}
+    assert listed == wanted, (f"only in environment.yml: {sorted(listed - wanted)}; "
+                              f"only in pyproject.toml: {sorted(wanted - listed)}")
+    assert "-e ." in pip_section, "environment.yml must install this package itself"
+
+
+def test_there_are_five_numbered_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"], NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_was_run_top_to_bottom(path):
+    """nbval silently passes cells that were never executed: require every code cell to have
+    run, in order, in one clean session, without errors."""
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    counts = [c.get("execution_count") for c in code]
+    assert None not in counts, f"{counts.count(None)} code cells never executed"
+    assert counts == list(range(1, len(code) + 1)), f"not one top-to-bottom run: {counts}"
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"stored error outputs: {[e.get('ename') for e in errors]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_has_intro_summary_exercises_and_solutions(path):
+    nb = json.loads(path.read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for heading in ("What you will learn", "Summary", "Exercises"):
+        assert heading in text, f"{path.name} lacks a '{heading}' section"
+    stem = path.stem
+    assert (ROOT / "notebooks" / "solutions" / f"{stem}.py").exists()
+    assert (ROOT / "tests" / f"test_solutions_{stem[:2]}.py").exists()
+
+
+def test_readme_commands_are_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", readme, flags=re.S)
+    setup = [line.strip() for line in blocks[0].splitlines() if line.strip()
+             and not line.strip().startswith("#")]
+    assert len(setup) == 2, f"the README's set-up block must hold two commands, got {setup}"
+    ci = (ROOT / ".ci" / "run").read_text()
+    positions = [ci.find(command) for command in setup]
+    assert -1 not in positions, f"CI does not run {setup[positions.index(-1)]!r}"
+    assert positions == sorted(positions), "CI runs the README's commands in another order"
+    for path in NOTEBOOKS:
+        assert f"notebooks/{path.name}" in readme, f"README does not link {path.name}"
+
+
+def test_recorded_figures_carry_provenance():
+    prov = json.loads((ROOT / "figures" / "provenance.json").read_text())
+    for key in ("gpu", "torch", "triton", "date", "copy_gbps", "command"):
+        assert prov.get(key), f"provenance.json lacks {key}"
+    with open(ROOT / "figures" / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows, "figures/bench.csv is empty"
+    needed = {"gpu", "impl", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads",
+              "head_dim", "rotary_dim", "ms", "gbps", "copy_gbps"}
+    assert needed <= set(rows[0]), f"missing columns: {needed - set(rows[0])}"
+    assert {r["gpu"] for r in rows} == {prov["gpu"]}
+    for r in rows:  # bytes / time must agree with the reported bandwidth being plausible
+        assert 0 < float(r["gbps"]) < 1.2 * float(r["copy_gbps"]), r
+    assert list((ROOT / "figures").glob("*.png")), "no plots in figures/"
