@@ -30,6 +30,7 @@ import torch
 import triton
 
 from .reference import RotaryPositionEmbedding, rope_reference
+from .rope_2d import rope_2d
 
 FIGURES = pathlib.Path(__file__).resolve().parents[1] / "figures"
 DEFAULT = dict(seq_len=4096, batch=16, heads=32, head_dim=128, rotary_percent=1.0)
@@ -187,7 +188,8 @@ def _compiled_naive(t, freqs, tensor_format, interleaved, cu_seqlens):
         torch._dynamo.config.cache_size_limit = 256
         if hasattr(torch._dynamo.config, "recompile_limit"):
             torch._dynamo.config.recompile_limit = 256
-        _compiled["fn"] = torch.compile(rope_reference, dynamic=False)  # best kernels per shape
+        # dynamic=None: static first, then one dynamic-shape graph (bounded compile time).
+        _compiled["fn"] = torch.compile(rope_reference)
     return _compiled["fn"](t, freqs, tensor_format, None, interleaved, cu_seqlens)
 
 
@@ -231,7 +233,27 @@ def _liger():
     return make
 
 
-def implementations() -> dict:
+def _cuda_graph(launcher):
+    """Our kernel captured once in a CUDA graph and replayed: what a decode loop that uses
+    graphs (as serving stacks do) pays per call, with no Python launch path at all."""
+    def make(p: Problem, direction: str):
+        if direction != "forward":
+            return None
+        kw = p.kwargs()
+        out = launcher(p.t, p.freqs, **kw)  # compile outside the capture
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            launcher(p.t, p.freqs, out=out, **kw)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launcher(p.t, p.freqs, out=out, **kw)
+        return graph.replay
+    return make
+
+
+def implementations(decode: bool = False) -> dict:
     """name -> make(problem, direction) -> zero-argument callable (or None: not applicable)."""
     impls = {
         "triton-2d (ours)": _autograd(_api("2d")),
@@ -239,6 +261,8 @@ def implementations() -> dict:
         "torch eager (TE unfused formula)": _autograd(_naive),
         "torch.compile": _autograd(_compiled_naive),
     }
+    if decode:
+        impls["triton-2d (ours), CUDA graph replay"] = _cuda_graph(rope_2d)
     te = _te()
     if te is not None:
         impls["TransformerEngine fused (CUDA)"] = _autograd(te)
@@ -317,6 +341,7 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
     prov = provenance(copy_gbps, mode)
     print(f"{prov['gpu']}: device-to-device copy {copy_gbps:.0f} GB/s (read + write)")
     impls = implementations()
+    decode_impls = implementations(decode=True)
     for name in missing_peers():
         print("skipped:", name)
     dtypes = list(dtypes or (["bf16"] if mode == "quick" else ["bf16", "fp16", "fp32"]))
@@ -342,7 +367,8 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
         p = Problem(fmt, dtype, **kw)
         # Decode is inference: forward only.
         for direction in ("forward",) if decode else ("forward", "backward"):
-            rows += measure(impls, p, direction, sweep, copy_gbps, decode)
+            rows += measure(decode_impls if decode else impls, p, direction, sweep, copy_gbps,
+                            decode)
         del p
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)[COLUMNS]

@@ -18,6 +18,7 @@ On a machine without a GPU set ``TRITON_INTERPRET=1`` before importing this file
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -263,6 +264,7 @@ def _sm_count(device: torch.device) -> int:
 _SM_COUNT = {}
 
 
+@functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
                    device: torch.device, element_size: int = 2, interleaved: bool = False,
                    is_thd: bool = False) -> dict:
@@ -351,7 +353,7 @@ def rope_2d(
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
                          t.element_size(), bool(interleaved), is_thd)
     if config:
-        cfg.update(config)
+        cfg = {**cfg, **config}  # never mutate the cached default
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
