@@ -1,0 +1,168 @@
+"""Solutions to the exercises of notebook 04, "The 2-D batch-reusing kernel".
+
+``tests/test_solutions_04.py`` checks every function against the package: the launch plan against
+``rope_kernels.rope_2d.default_config`` and the grid ``rope_2d`` really launches, the tile check
+against the float64 reference, the byte count against the recorded benchmark in ``figures/``.
+
+Exercise 1: ``launch_plan``     the grid and config ``rope_2d`` picks for a shape.
+Exercise 2: ``check_config``    run ``rope_2d`` with a given tile on partial tiles and check that
+                                every element is right and nothing outside the output is written.
+Exercise 3: ``ideal_time``      the bytes a RoPE call must move, and its time at copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+
+__all__ = ["launch_plan", "check_config", "ideal_time"]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = None,
+                element_size: int = 2, interleaved: bool = False,
+                sm_count: Optional[int] = None):
+    """Exercise 1: the grid and config that ``rope_2d`` launches for a tensor of ``shape``.
+
+    Mirrors ``rope_kernels.rope_2d.default_config`` and the grid formula of ``rope_2d``:
+
+    * the input is first seen as ``[seq_rows, batch, heads, d]``; for thd (``[tokens, h, d]``)
+      the heads take the place of the batch (they are the loop axis), so ``heads = 1``;
+    * tile (``block_s`` positions x ``block_h`` heads, lengths rounded up to powers of two):
+      thd ``min(4, tokens) x 1``; interleaved ``1 x min(4, heads)``; otherwise ``min(8, heads)``
+      heads and as many positions as fit in about 4 KB of input per batch step;
+    * on a GPU (``sm_count`` given) the batch is cut into as few chunks as give every SM about
+      four programs; in the interpreter (``sm_count=None``) there is one chunk and the tile
+      covers up to 16384 channels, because the interpreter pays per program.
+
+    Args:
+        shape: the tensor's shape in ``tensor_format`` (``[s, b, h, d]``, ``[b, s, h, d]`` or
+            ``[tokens, h, d]``).
+        rotary_dim: rotated channels (default: all of ``d``).
+        element_size: bytes per element of the tensor (2 for bf16/fp16, 4 for fp32).
+        sm_count: streaming multiprocessors of the GPU, or None for the interpreter.
+
+    Returns ``(grid, config)``: ``grid`` a 3-tuple (sequence blocks, head blocks, batch chunks),
+    ``config`` a dict with ``block_s``, ``block_h``, ``batch_per_program`` and ``num_warps``.
+    """
+    if tensor_format == "sbhd":
+        seq_rows, batch, heads, d = shape
+    elif tensor_format == "bshd":
+        batch, seq_rows, heads, d = shape
+    elif tensor_format == "thd":
+        seq_rows, batch, d = shape  # heads become the loop ("batch") axis
+        heads = 1
+    else:
+        raise ValueError(f"unknown tensor_format {tensor_format!r}")
+    rotary_dim = d if rotary_dim is None else rotary_dim
+    half = _next_pow2(rotary_dim // 2)
+    width = 2 * half + (_next_pow2(d - rotary_dim) if d > rotary_dim else 0)
+    if tensor_format == "thd":
+        block_h, block_s = 1, min(_next_pow2(seq_rows), 4)
+    elif interleaved:
+        block_h, block_s = min(_next_pow2(heads), 4), 1
+    else:
+        block_h = min(_next_pow2(heads), 8)
+        block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
+    tiles = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h)
+    if sm_count is not None:
+        chunks = min(batch, max(1, _cdiv(4 * sm_count, tiles)))
+    else:
+        block_s = min(_next_pow2(seq_rows), max(1, 16384 // (width * block_h)))
+        chunks = 1
+    config = dict(block_s=block_s, block_h=block_h, batch_per_program=_cdiv(batch, chunks),
+                  num_warps=4)
+    grid = (_cdiv(seq_rows, block_s), _cdiv(heads, block_h),
+            _cdiv(batch, config["batch_per_program"]))
+    return grid, config
+
+
+def check_config(config: dict, shape=(7, 3, 5, 24), tensor_format: str = "sbhd",
+                 rotary_dim: Optional[int] = 12, interleaved: bool = False,
+                 dtype: torch.dtype = torch.float32, seed: int = 0, margin: int = 97,
+                 device: Optional[torch.device] = None,
+                 launcher: Optional[Callable[..., torch.Tensor]] = None) -> dict:
+    """Exercise 2: run the 2-D kernel with a given tile and check it, partial tiles included.
+
+    The output is a window inside a larger NaN-filled buffer (``margin`` elements of NaN on each
+    side): afterwards the window must hold no NaN (every element was written), the margins must
+    still be NaN (no stray write), and the window must match the float64 reference within
+    ``atol + rtol * |ref|`` (rtol one ulp of ``dtype``, 8 for float32; atol 1e-5), the tolerance of
+    the package's tests.
+
+    Args:
+        config: tile for ``rope_2d(..., config=config)``, e.g. ``dict(block_s=4, block_h=2,
+            batch_per_program=2)``; pick sizes that do not divide the shape, to get partial tiles.
+        shape, tensor_format, rotary_dim, interleaved, dtype: the problem (keep it tiny on CPU).
+        launcher: what to run, called as ``launcher(t, freqs, tensor_format, out=...,
+            interleaved=..., config=...)``; default ``rope_kernels.rope_2d``.
+
+    Returns a dict: ``all_written``, ``margins_clean``, ``max_abs_err``, ``within_tol`` and
+    ``ok`` (all three checks passed).
+    """
+    from rope_kernels import RotaryPositionEmbedding, rope_2d, rope_reference
+
+    launcher = rope_2d if launcher is None else launcher
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    d = shape[-1]
+    rotary_dim = d if rotary_dim is None else rotary_dim
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g).to(device, dtype)
+    seq_len = shape[1] if tensor_format == "bshd" else shape[0]
+    freqs = RotaryPositionEmbedding(rotary_dim, interleaved=interleaved, device=device)(seq_len)
+    numel = t.numel()
+    buf = torch.full((numel + 2 * margin,), float("nan"), dtype=dtype, device=device)
+    out = buf[margin:margin + numel].view(shape)
+    launcher(t, freqs, tensor_format, out=out, interleaved=interleaved, config=config)
+    ref = rope_reference(t.double(), freqs, tensor_format, interleaved=interleaved)
+    all_written = not bool(torch.isnan(out).any())
+    margins_clean = bool(torch.isnan(buf[:margin]).all() and torch.isnan(buf[-margin:]).all())
+    err = (out.double() - ref).abs()
+    rtol = (8 if dtype == torch.float32 else 1) * torch.finfo(dtype).eps
+    within = bool((err <= 1e-5 + rtol * ref.abs()).all())  # NaN compares False
+    max_err = float(err.max()) if all_written else math.nan
+    return dict(all_written=all_written, margins_clean=margins_clean, max_abs_err=max_err,
+                within_tol=within, ok=all_written and margins_clean and within)
+
+
+_SIZES = {"bf16": 2, "fp16": 2, "fp32": 4, torch.bfloat16: 2, torch.float16: 2,
+          torch.float32: 4}
+
+
+def ideal_time(shape, dtype="bf16", rotary_dim: Optional[int] = None,
+               copy_gbps: float = 4274.6, table_rows: Optional[int] = None,
+               tensor_format: str = "sbhd") -> dict:
+    """Exercise 3: the fewest bytes a RoPE call must move, and its time at copy bandwidth.
+
+    ``bytes = read t + write out + read the float32 angle rows used once``
+    ``= 2 * numel * element_size + table_rows * rotary_dim * 4``, the count that
+    ``rope_kernels.bench`` divides by the time to report GB/s. ``copy_gbps`` counts bytes read
+    plus bytes written, like the bench's ceiling, so the ideal time is ``bytes / copy_gbps``.
+
+    Args:
+        shape: the tensor's shape (any format).
+        dtype: ``"bf16"``, ``"fp16"``, ``"fp32"`` or a torch dtype.
+        rotary_dim: rotated channels (default: all of the last dimension).
+        copy_gbps: the device-to-device copy bandwidth, GB/s (read + write); default: the one
+            recorded on the H200 in ``figures/provenance.json``.
+        table_rows: rows of the angle table read (default: the sequence length, ``shape[0]`` for
+            sbhd/thd, ``shape[1]`` for bshd; for thd pass the longest sequence).
+
+    Returns a dict with ``bytes`` (int) and ``us`` (microseconds at copy bandwidth).
+    """
+    size = _SIZES[dtype]
+    rotary_dim = shape[-1] if rotary_dim is None else rotary_dim
+    if table_rows is None:
+        table_rows = shape[1] if tensor_format == "bshd" else shape[0]
+    nbytes = 2 * math.prod(shape) * size + table_rows * rotary_dim * 4
+    return dict(bytes=nbytes, us=nbytes / (copy_gbps * 1e9) * 1e6)

@@ -1,0 +1,182 @@
+"""Checks the solutions of notebook 04 (notebooks/solutions/04_triton_2d_batch_reuse.py).
+
+The module's file name starts with a digit, so it is loaded with importlib from its path.
+"""
+
+import importlib
+import importlib.util
+import math
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conftest import DEVICE, ON_GPU, randn  # noqa: E402
+from rope_kernels import RotaryPositionEmbedding, rope_2d  # noqa: E402
+
+k2 = importlib.import_module("rope_kernels.rope_2d")  # the module (the package exports the function)
+
+_PATH = ROOT / "notebooks" / "solutions" / "04_triton_2d_batch_reuse.py"
+_spec = importlib.util.spec_from_file_location("solutions_04_triton_2d_batch_reuse", _PATH)
+sol = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sol)
+
+# ---------------------------------------------------------------- exercise 1: launch_plan
+
+SHAPES = [
+    # (shape, format, rotary_dim, element_size, interleaved)
+    ((4096, 16, 32, 128), "sbhd", 128, 2, False),   # TE's default
+    ((4096, 16, 32, 128), "sbhd", 128, 4, False),   # fp32
+    ((4096, 16, 32, 128), "sbhd", 64, 2, False),    # rotary_percent 0.5
+    ((4096, 16, 32, 256), "sbhd", 256, 2, False),
+    ((16, 1024, 32, 128), "bshd", 128, 2, False),
+    ((4096, 16, 32, 128), "sbhd", 128, 2, True),    # interleaved
+    ((1, 64, 32, 128), "bshd", 128, 2, False),      # decode
+    ((65536, 32, 128), "thd", 128, 2, False),
+    ((7, 3, 5, 24), "sbhd", 12, 4, False),
+    ((5, 9, 3, 10), "bshd", 6, 2, True),
+]
+
+
+def _canonical_sizes(shape, fmt):
+    if fmt == "sbhd":
+        return shape
+    if fmt == "bshd":
+        b, s, h, d = shape
+        return (s, b, h, d)
+    n, h, d = shape
+    return (n, h, 1, d)
+
+
+@pytest.mark.parametrize("sm_count", [132, 114, 8])
+@pytest.mark.parametrize("shape,fmt,rotary_dim,esize,interleaved", SHAPES)
+def test_launch_plan_gpu_branch_matches_default_config(monkeypatch, sm_count, shape, fmt,
+                                                       rotary_dim, esize, interleaved):
+    # default_config reads the SM count from a per-device cache: seed it for a fake GPU, and
+    # call it past its lru_cache (if any), which would remember another test's SM count.
+    fake = torch.device("cuda", 7)
+    monkeypatch.setitem(k2._SM_COUNT, fake, sm_count)
+    default_config = getattr(k2.default_config, "__wrapped__", k2.default_config)
+    s, b, h, d = _canonical_sizes(shape, fmt)
+    want = default_config(s, b, h, d, rotary_dim, fake, esize, interleaved, fmt == "thd")
+    grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, esize, interleaved, sm_count=sm_count)
+    assert cfg == want
+    assert grid == (math.ceil(s / want["block_s"]), math.ceil(h / want["block_h"]),
+                    math.ceil(b / want["batch_per_program"]))
+
+
+def test_launch_plan_te_default_on_h200():
+    grid, cfg = sol.launch_plan((4096, 16, 32, 128), "sbhd", 128, 2, sm_count=132)
+    assert (cfg["block_s"], cfg["block_h"], cfg["batch_per_program"]) == (2, 8, 16)
+    assert grid == (2048, 4, 1)
+
+
+@pytest.mark.parametrize("shape,fmt,rotary_dim,interleaved", [
+    ((7, 3, 5, 24), "sbhd", 12, False),
+    ((5, 9, 3, 10), "bshd", 6, True),
+    ((19, 3, 14), "thd", 8, False),
+    ((300, 2, 20, 8), "sbhd", 8, False),
+])
+def test_launch_plan_matches_the_launch(monkeypatch, shape, fmt, rotary_dim, interleaved):
+    """Spy on the kernel launch: rope_2d's real grid and block sizes equal the plan."""
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((tuple(grid), kwargs))
+            return launch
+
+    monkeypatch.setattr(k2, "rope_2d_kernel", Spy())
+    t = randn(shape, torch.float32, seed=1)
+    emb = RotaryPositionEmbedding(rotary_dim, interleaved=interleaved, device=DEVICE)(40)
+    kw = {}
+    if fmt == "thd":
+        kw["cu_seqlens"] = torch.tensor([0, 4, 11, 19], dtype=torch.int32, device=DEVICE)
+    rope_2d(t, emb, fmt, interleaved=interleaved, **kw)
+    assert len(launches) == 1
+    grid, kwargs = launches[0]
+    sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count if ON_GPU else None
+    plan_grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, 4, interleaved, sm_count=sm)
+    assert grid == plan_grid
+    assert (kwargs["BLOCK_S"], kwargs["BLOCK_H"], kwargs["num_warps"]) == (
+        cfg["block_s"], cfg["block_h"], cfg["num_warps"])
+
+
+# ---------------------------------------------------------------- exercise 2: check_config
+
+
+@pytest.mark.parametrize("config,kw", [
+    (dict(block_s=4, block_h=2, batch_per_program=2), {}),                      # all partial
+    (dict(block_s=1, block_h=8, batch_per_program=1), {}),
+    (dict(block_s=8, block_h=1, batch_per_program=3), {"rotary_dim": 24}),
+    (dict(block_s=2, block_h=4, batch_per_program=2), {"rotary_dim": 24, "interleaved": True}),
+    (dict(block_s=4, block_h=2, batch_per_program=2),
+     {"shape": (3, 7, 5, 10), "tensor_format": "bshd", "rotary_dim": 6}),
+    (dict(block_s=2, block_h=2, batch_per_program=2), {"dtype": torch.bfloat16}),
+])
+def test_check_config_passes_for_the_real_kernel(config, kw):
+    res = sol.check_config(config, device=DEVICE, **kw)
+    assert res["all_written"] and res["margins_clean"] and res["within_tol"] and res["ok"], res
+
+
+def test_check_config_catches_a_missing_write():
+    def lazy(t, freqs, fmt, out=None, interleaved=False, config=None):
+        rope_2d(t, freqs, fmt, out=out, interleaved=interleaved, config=config)
+        out[-1, -1, -1, 0] = float("nan")  # one element never written
+        return out
+    res = sol.check_config(dict(block_s=4, block_h=2, batch_per_program=2), device=DEVICE,
+                           launcher=lazy)
+    assert not res["all_written"] and not res["ok"]
+
+
+def test_check_config_catches_a_stray_write_and_a_wrong_value():
+    def stray(t, freqs, fmt, out=None, interleaved=False, config=None):
+        rope_2d(t, freqs, fmt, out=out, interleaved=interleaved, config=config)
+        torch.as_strided(out, (1,), (1,), out.storage_offset() + out.numel()).fill_(0.0)
+        return out
+    res = sol.check_config(dict(block_s=4, block_h=2, batch_per_program=2), device=DEVICE,
+                           launcher=stray)
+    assert res["all_written"] and not res["margins_clean"] and not res["ok"]
+
+    def wrong(t, freqs, fmt, out=None, interleaved=False, config=None):
+        out.copy_(t)  # no rotation at all
+        return out
+    res = sol.check_config(dict(block_s=4, block_h=2, batch_per_program=2), device=DEVICE,
+                           launcher=wrong)
+    assert res["all_written"] and res["margins_clean"] and not res["within_tol"]
+    assert not res["ok"] and res["max_abs_err"] > 0.1
+
+
+# ---------------------------------------------------------------- exercise 3: ideal_time
+
+
+def test_ideal_time_te_default():
+    res = sol.ideal_time((4096, 16, 32, 128), "bf16", copy_gbps=4000.0)
+    want = 2 * 4096 * 16 * 32 * 128 * 2 + 4096 * 128 * 4
+    assert res["bytes"] == want == 1_075_838_976
+    assert math.isclose(res["us"], want / 4000e9 * 1e6, rel_tol=1e-12)
+    fp32 = sol.ideal_time((4096, 16, 32, 128), torch.float32, copy_gbps=4000.0)
+    assert fp32["bytes"] == 2 * want - 4096 * 128 * 4
+    half = sol.ideal_time((16, 4096, 32, 128), "bf16", rotary_dim=64, tensor_format="bshd")
+    assert half["bytes"] == 2 * 4096 * 16 * 32 * 128 * 2 + 4096 * 64 * 4
+
+
+def test_ideal_time_matches_the_recorded_benchmark():
+    """The bench's GB/s is bytes / time: rebuild the bytes from each recorded row."""
+    pd = pytest.importorskip("pandas")
+    df = pd.read_csv(ROOT / "figures" / "bench.csv")
+    df = df[df.tensor_format.isin(["sbhd", "bshd"])]
+    assert len(df) > 0
+    for row in df.itertuples():
+        shape = ((row.seq_len, row.batch, row.heads, row.head_dim) if row.tensor_format == "sbhd"
+                 else (row.batch, row.seq_len, row.heads, row.head_dim))
+        res = sol.ideal_time(shape, row.dtype, row.rotary_dim, row.copy_gbps,
+                             tensor_format=row.tensor_format)
+        assert math.isclose(res["bytes"], row.gbps * row.ms * 1e6, rel_tol=1e-4), row
+        assert res["us"] <= row.ms * 1e3 * 1.0001, row  # nothing beats the copy
