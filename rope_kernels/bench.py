@@ -143,15 +143,6 @@ class Problem:
                     n_seqs=self.n_seqs)
 
 
-def _ours(launcher):
-    def make(p: Problem, direction: str):
-        kw = p.kwargs()
-        if direction == "forward":
-            return lambda: launcher(p.t, p.freqs, **kw)
-        return lambda: launcher(p.grad, p.freqs, backward=True, **kw)
-    return make
-
-
 def _autograd(fn):
     """Forward: fn(t). Backward: the vector-Jacobian product through autograd (what training
     runs), with the forward graph built once outside the timed region."""
@@ -165,13 +156,22 @@ def _autograd(fn):
     return make
 
 
-def _api(kernel):
-    from .api import apply_rotary_pos_emb
+def _ours_api(kernel):
+    """Forward: the public apply_rotary_pos_emb (argument checks included). Backward: the call
+    RoPEFunction.backward makes, the kernel with sin negated on the incoming gradient (timed
+    directly, like Liger's backward, without the autograd engine around it)."""
+    from .api import KERNELS, apply_rotary_pos_emb
 
-    def call(t, freqs, tensor_format, interleaved, cu_seqlens):
-        return apply_rotary_pos_emb(t, freqs, tensor_format, None, interleaved, True, cu_seqlens,
-                                    kernel=kernel, validate=False)
-    return call
+    launcher = KERNELS[kernel]
+
+    def make(p: Problem, direction: str):
+        kw = p.kwargs()
+        if direction == "forward":
+            return lambda: apply_rotary_pos_emb(p.t, p.freqs, kw["tensor_format"], None,
+                                                kw["interleaved"], True, kw["cu_seqlens"],
+                                                kernel=kernel, validate=False)
+        return lambda: launcher(p.grad, p.freqs, backward=True, **kw)
+    return make
 
 
 def _naive(t, freqs, tensor_format, interleaved, cu_seqlens):
@@ -256,8 +256,8 @@ def _cuda_graph(launcher):
 def implementations(decode: bool = False) -> dict:
     """name -> make(problem, direction) -> zero-argument callable (or None: not applicable)."""
     impls = {
-        "triton-2d (ours)": _autograd(_api("2d")),
-        "triton-1d (ours)": _autograd(_api("1d")),
+        "triton-2d (ours)": _ours_api("2d"),
+        "triton-1d (ours)": _ours_api("1d"),
         "torch eager (TE unfused formula)": _autograd(_naive),
         "torch.compile": _autograd(_compiled_naive),
     }
@@ -321,7 +321,9 @@ def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps
                 timing = "back-to-back per call"
             else:
                 ms = time_ms(fn)
-                timing = "do_bench median"
+                timing = "do_bench median" + (", through torch.autograd.grad"
+                                              if direction == "backward" and name.startswith("torch")
+                                              else "")
         except Exception as e:  # noqa: BLE001 - a peer that fails a shape is reported, not fatal
             warnings.warn(f"{name} failed on {problem.row()}: {type(e).__name__}: {e}")
             continue
