@@ -86,7 +86,9 @@ def provenance(copy_gbps: float, mode: str) -> dict:
         "command": "python -m rope_kernels.bench --mode " + mode,
         "bytes": "read t + write out + read the float32 angle rows used (once)",
         "timing": "triton.testing.do_bench median (L2 flushed per call); decode: back-to-back "
-                  "calls timed with CUDA events, Python launch included",
+                  "calls timed with CUDA events, Python launch included. Backward: the Triton "
+                  "kernels' backward call directly; torch eager/compile through "
+                  "torch.autograd.grad",
     }
 
 
