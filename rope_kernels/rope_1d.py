@@ -82,8 +82,10 @@ def rope_1d_kernel(
     # 1. The angle-table row of each row's position.
     if IS_THD:
         # Binary search for the sequence holding token s: cu[lo] <= s < cu[hi].
-        lo = tl.zeros_like(s)
-        hi = tl.zeros_like(s) + n_seqs
+        # (`s * 0` rather than tl.zeros_like: the latter breaks in the interpreter when
+        # triton was imported before TRITON_INTERPRET was set.)
+        lo = s * 0
+        hi = s * 0 + n_seqs
         for _ in range(search_steps):
             mid = (lo + hi) // 2
             go_right = tl.load(cu_seqlens_ptr + mid) // cp_size <= s

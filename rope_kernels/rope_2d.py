@@ -52,8 +52,10 @@ def _positions(
     """
     if IS_THD:
         # Invariant: cu[lo] <= token < cu[hi] (cu = local boundaries, cu_seqlens // cp_size).
-        lo = tl.zeros_like(s_idx)
-        hi = tl.zeros_like(s_idx) + n_seqs
+        # (`s_idx * 0` rather than tl.zeros_like: the latter breaks in the interpreter when
+        # triton was imported before TRITON_INTERPRET was set.)
+        lo = s_idx * 0
+        hi = s_idx * 0 + n_seqs
         for _ in range(search_steps):
             mid = (lo + hi) // 2
             go_right = tl.load(cu_seqlens_ptr + mid) // cp_size <= s_idx
@@ -264,7 +266,6 @@ def _sm_count(device: torch.device) -> int:
 _SM_COUNT = {}
 
 
-@functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
                    device: torch.device, element_size: int = 2, interleaved: bool = False,
                    is_thd: bool = False) -> dict:
@@ -279,6 +280,19 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     The batch is split across programs only as far as needed to give every SM a few programs,
     so that the cos/sin reuse over the batch stays as large as possible.
     """
+    sm_count = None
+    if device.type == "cuda":
+        if device not in _SM_COUNT:
+            _SM_COUNT[device] = _sm_count(device)
+        sm_count = _SM_COUNT[device]
+    # A new dict each call: the cached tuple stays untouched by callers that edit it.
+    return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size,
+                        interleaved, is_thd))
+
+
+@functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
+def _config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size, interleaved,
+            is_thd):
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
     if is_thd:
@@ -289,16 +303,13 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
         block_h = min(_next_pow2(heads), 8)
         block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
     tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
-    if device.type == "cuda":
-        if device not in _SM_COUNT:
-            _SM_COUNT[device] = _sm_count(device)
-        want = 4 * _SM_COUNT[device]
-        chunks = min(batch, max(1, triton.cdiv(want, tiles)))
+    if sm_count is not None:
+        chunks = min(batch, max(1, triton.cdiv(4 * sm_count, tiles)))
     else:  # the interpreter pays per program: keep them few and large
         block_s = min(_next_pow2(seq_rows), max(1, 16384 // (width * block_h)))
         chunks = 1
-    return dict(block_s=block_s, block_h=block_h, batch_per_program=triton.cdiv(batch, chunks),
-                num_warps=4)
+    return (("block_s", block_s), ("block_h", block_h),
+            ("batch_per_program", triton.cdiv(batch, chunks)), ("num_warps", 4))
 
 
 def rope_2d(
@@ -353,7 +364,7 @@ def rope_2d(
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
                          t.element_size(), bool(interleaved), is_thd)
     if config:
-        cfg = {**cfg, **config}  # never mutate the cached default
+        cfg.update(config)
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
