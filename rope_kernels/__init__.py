@@ -9,11 +9,18 @@ already set), so the same kernels run on CPU tensors; ``MODE`` says which mode i
 """
 
 import os as _os
+import sys as _sys
+import warnings as _warnings
 
 import torch as _torch
 
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     # Must happen before the kernel modules run @triton.jit.
+    if "triton" in _sys.modules:
+        _warnings.warn("triton was imported before rope_kernels turned Triton's interpreter on: "
+                       "kernels of your own defined before this point will not be interpreted. "
+                       "Import rope_kernels first, or set TRITON_INTERPRET=1 in the environment.",
+                       stacklevel=2)
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from .api import RoPEFunction, apply_rotary_pos_emb  # noqa: E402

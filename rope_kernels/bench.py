@@ -336,6 +336,29 @@ def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps
     return rows
 
 
+def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd", "thd"),
+                   dtypes: Optional[Iterable[str]] = None) -> list[tuple]:
+    """Every problem of a run: (sweep, problem kwargs, tensor_format, dtype, is_decode)."""
+    dtypes = list(dtypes or (["bf16"] if mode == "quick" else ["bf16", "fp16", "fp32"]))
+    jobs = []
+    for fmt in formats:
+        for dtype in dtypes:
+            if fmt == "thd":
+                n_list = [16, 4096] if mode == "quick" else [16, 256, 4096, 16384]
+                for n in n_list:
+                    jobs.append(("thd_n_seqs", dict(DEFAULT, n_seqs=n), fmt, dtype, False))
+                jobs.append(("rotary_percent", dict(DEFAULT, n_seqs=256, rotary_percent=0.5),
+                             fmt, dtype, False))
+                continue
+            for sweep, kw in sweeps(mode):
+                if dtype != "bf16" and sweep not in ("seq_len", "rotary_percent"):
+                    continue  # other dtypes: the main axes only
+                jobs.append((sweep, kw, fmt, dtype, False))
+    for b in ([1, 64] if mode == "quick" else [1, 8, 64, 256]):
+        jobs.append(("decode", dict(DEFAULT, seq_len=1, batch=b), "bshd", "bf16", True))
+    return jobs
+
+
 def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str] = ("sbhd", "bshd", "thd"),
         dtypes: Optional[Iterable[str]] = None, progress: bool = True,
         budget_s: Optional[float] = None):
@@ -357,23 +380,7 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
     decode_impls = implementations(decode=True)
     for name in missing_peers():
         print("skipped:", name)
-    dtypes = list(dtypes or (["bf16"] if mode == "quick" else ["bf16", "fp16", "fp32"]))
-    jobs = []
-    for fmt in formats:
-        for dtype in dtypes:
-            if fmt == "thd":
-                n_list = [16, 4096] if mode == "quick" else [16, 256, 4096, 16384]
-                for n in n_list:
-                    jobs.append(("thd_n_seqs", dict(DEFAULT, n_seqs=n), fmt, dtype, False))
-                jobs.append(("rotary_percent", dict(DEFAULT, n_seqs=256, rotary_percent=0.5),
-                             fmt, dtype, False))
-                continue
-            for sweep, kw in sweeps(mode):
-                if dtype != "bf16" and sweep not in ("seq_len", "rotary_percent"):
-                    continue  # other dtypes: the main axes only
-                jobs.append((sweep, kw, fmt, dtype, False))
-    for b in ([1, 64] if mode == "quick" else [1, 8, 64, 256]):
-        jobs.append(("decode", dict(DEFAULT, seq_len=1, batch=b), "bshd", "bf16", True))
+    jobs = benchmark_jobs(mode, formats, dtypes)
     jobs.sort(key=lambda job: (job[3] != "bf16", not job[4]))  # bf16 first, decode early
     rows, started, skipped = [], time.time(), 0
     (out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")

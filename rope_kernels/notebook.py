@@ -57,17 +57,19 @@ def results(sweep: Optional[str] = None, live_impls: Optional[list] = None, **fi
 
         copy_gbps = bench.copy_bandwidth_gbps()
         prov = bench.provenance(copy_gbps, "notebook")
-        impls = bench.implementations()
-        if live_impls is not None:
-            impls = {k: v for k, v in impls.items() if k in live_impls}
-        fmt = filters.get("tensor_format", "sbhd")
+        fmt = filters.get("tensor_format", "sbhd" if sweep != "decode" else "bshd")
         dtype = filters.get("dtype", "bf16")
+        directions = [filters["direction"]] if "direction" in filters else ["forward", "backward"]
         rows = []
-        points = [(s, kw) for s, kw in bench.sweeps("full") if sweep is None or s == sweep]
-        for name, kw in points:
-            p = bench.Problem(fmt, dtype, **kw)
-            for direction in ("forward", "backward"):
-                rows += bench.measure(impls, p, direction, name, copy_gbps)
+        for name, kw, job_fmt, job_dtype, decode in bench.benchmark_jobs("full", [fmt], [dtype]):
+            if (sweep is not None and name != sweep) or job_fmt != fmt or job_dtype != dtype:
+                continue
+            impls = bench.implementations(decode=decode)
+            if live_impls is not None:
+                impls = {k: v for k, v in impls.items() if k in live_impls}
+            p = bench.Problem(job_fmt, job_dtype, **kw)
+            for direction in ("forward",) if decode else directions:
+                rows += bench.measure(impls, p, direction, name, copy_gbps, decode)
             del p
         df = pd.DataFrame(rows)
         print(f"Measured live on {prov['gpu']} (copy {copy_gbps:.0f} GB/s).")

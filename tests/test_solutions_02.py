@@ -30,7 +30,9 @@ _spec.loader.exec_module(sol)
 
 
 class OpRecorder(TorchDispatchMode):
-    """Records every ATen op that writes new data, and the bytes its operands and results span."""
+    """Records every ATen op that runs, and the bytes read and written by those that move data:
+    the sizes of their tensor operands and results. Views (results that alias an input without
+    writing it, per the op's schema) and allocations move nothing."""
 
     def __init__(self):
         super().__init__()
@@ -38,13 +40,15 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        in_storages = {a.untyped_storage().data_ptr() for a in ins}
-        if outs and all(o.untyped_storage().data_ptr() in in_storages for o in outs):
-            return out  # a view (slice, chunk, alias, ...): no data moved
-        self.ops.append(func.overloadpacket.__name__)
-        self.bytes += sum(x.numel() * x.element_size() for x in ins + outs)
+        name = func.overloadpacket.__name__
+        self.ops.append(name)
+        returns = func._schema.returns
+        is_view = bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                        for r in returns)
+        if not is_view and not name.startswith("empty"):
+            ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+            self.bytes += sum(x.numel() * x.element_size() for x in ins + outs)
         return out
 
 
