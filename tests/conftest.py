@@ -6,11 +6,15 @@ import), so the same tests run everywhere; tests marked ``gpu`` need compiled ke
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+
 import pytest
 import torch
 
 import rope_kernels  # noqa: F401  (turns the interpreter on when there is no GPU)
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda") if ON_GPU else torch.device("cpu")
 
@@ -56,3 +60,13 @@ def seed(request) -> int:
     import zlib
 
     return zlib.crc32(request.node.nodeid.encode()) % 2**31
+
+
+def load_solution(stem: str):
+    """The exercise solutions of notebook ``stem`` (notebooks/solutions/<stem>.py) as a module;
+    loaded from its path because the file name starts with a digit."""
+    path = ROOT / "notebooks" / "solutions" / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(f"solutions_{stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,26 +1,18 @@
 """Checks the solutions of notebook 01 (notebooks/solutions/01_roformer_math.py) in float64.
 
-The module's file name starts with a digit, so it is loaded with importlib from its path.
+The module is loaded by conftest.load_solution (its file name starts with a digit).
 """
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import load_solution
 
 from rope_kernels import RotaryPositionEmbedding, rope_reference  # noqa: E402
 
-_PATH = ROOT / "notebooks" / "solutions" / "01_roformer_math.py"
-_spec = importlib.util.spec_from_file_location("solutions_01_roformer_math", _PATH)
-sol = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sol)
+sol = load_solution("01_roformer_math")
 
 CPU = torch.device("cpu")
 

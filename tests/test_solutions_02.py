@@ -1,32 +1,24 @@
 """Checks the solutions of notebook 02 (notebooks/solutions/02_naive_pytorch_rope.py).
 
-The module's file name starts with a digit, so it is loaded with importlib from its path. Byte
+The module is loaded by conftest.load_solution (its file name starts with a digit). Byte
 counts are checked against an independent count: every ATen operation that ``rope_reference``
 really runs is intercepted (TorchDispatchMode) and the sizes of its tensor inputs and outputs
 are added up, views excepted.
 """
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import load_solution
 
 from conftest import DEVICE, assert_rope_close, randn  # noqa: E402
 from rope_kernels import (RotaryPositionEmbedding, apply_rotary_pos_emb,  # noqa: E402
                           rope_reference)
 
-_PATH = ROOT / "notebooks" / "solutions" / "02_naive_pytorch_rope.py"
-_spec = importlib.util.spec_from_file_location("solutions_02_naive_pytorch_rope", _PATH)
-sol = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sol)
+sol = load_solution("02_naive_pytorch_rope")
 
 
 class OpRecorder(TorchDispatchMode):

@@ -1,28 +1,20 @@
 """Checks the solutions of notebook 03 (notebooks/solutions/03_triton_1d_kernel.py).
 
-The module's file name starts with a digit, so it is loaded with importlib from its path. Its
+The module is loaded by conftest.load_solution (its file name starts with a digit). Its
 kernel runs in Triton's interpreter on a CPU (rope_kernels turns it on) and compiled on a GPU.
 Counts are checked against brute-force simulations of the launch grids.
 """
 
-import importlib.util
 import itertools
-import pathlib
-import sys
 
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import load_solution
 
 from conftest import DEVICE, randn  # noqa: E402
 
-_PATH = ROOT / "notebooks" / "solutions" / "03_triton_1d_kernel.py"
-_spec = importlib.util.spec_from_file_location("solutions_03_triton_1d_kernel", _PATH)
-sol = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sol)
+sol = load_solution("03_triton_1d_kernel")
 
 MARGIN = 37  # poison on each side of the output window
 

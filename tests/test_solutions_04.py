@@ -1,30 +1,22 @@
 """Checks the solutions of notebook 04 (notebooks/solutions/04_triton_2d_batch_reuse.py).
 
-The module's file name starts with a digit, so it is loaded with importlib from its path.
+The module is loaded by conftest.load_solution (its file name starts with a digit).
 """
 
 import importlib
-import importlib.util
 import math
-import pathlib
-import sys
 
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import ROOT, load_solution
 
 from conftest import DEVICE, ON_GPU, randn  # noqa: E402
 from rope_kernels import RotaryPositionEmbedding, rope_2d  # noqa: E402
 
 k2 = importlib.import_module("rope_kernels.rope_2d")  # the module (the package exports the function)
 
-_PATH = ROOT / "notebooks" / "solutions" / "04_triton_2d_batch_reuse.py"
-_spec = importlib.util.spec_from_file_location("solutions_04_triton_2d_batch_reuse", _PATH)
-sol = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sol)
+sol = load_solution("04_triton_2d_batch_reuse")
 
 # ---------------------------------------------------------------- exercise 1: launch_plan
 

@@ -1,27 +1,19 @@
 """Checks the solutions of notebook 05 (notebooks/solutions/05_backward_pass.py) against autograd
 of the float64 reference, on RoPE tables and on random non-symmetric tables.
 
-The module's file name starts with a digit, so it is loaded with importlib from its path.
+The module is loaded by conftest.load_solution (its file name starts with a digit).
 """
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from conftest import load_solution
 
 from conftest import DEVICE, randn  # noqa: E402
 from rope_kernels import RotaryPositionEmbedding, rope_1d, rope_2d, rope_reference  # noqa: E402
 
-_PATH = ROOT / "notebooks" / "solutions" / "05_backward_pass.py"
-_spec = importlib.util.spec_from_file_location("solutions_05_backward_pass", _PATH)
-sol = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sol)
+sol = load_solution("05_backward_pass")
 
 
 def _random_table(s, d2, seed=7):
