@@ -107,7 +107,7 @@ class Problem:
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.cu_seqlens = None
         if tensor_format == "thd":
-            # n_seqs sequences of random lengths (mean seq_len // n_seqs... total = seq_len*batch)
+            # seq_len * batch tokens cut at random into n_seqs sequences of varying length
             total = seq_len * batch
             self.n_seqs = n_seqs
             cuts = torch.randperm(total - 1, generator=g, device="cuda")[: n_seqs - 1] + 1

@@ -257,13 +257,7 @@ def _max_offset(sizes, strides) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(sizes, strides) if n > 0)
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-_SM_COUNT = {}
+_SM_COUNT = {}  # device -> number of SMs, read once per device
 
 
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
@@ -283,7 +277,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     sm_count = None
     if device.type == "cuda":
         if device not in _SM_COUNT:
-            _SM_COUNT[device] = _sm_count(device)
+            _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
         sm_count = _SM_COUNT[device]
     # A new dict each call: the cached tuple stays untouched by callers that edit it.
     return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size,
