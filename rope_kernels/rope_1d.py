@@ -214,6 +214,9 @@ def rope_1d(
                          f"got {rotary_dim}")
     if out is None:
         out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    elif out.shape != t.shape or out.dtype != t.dtype or out.device != t.device:
+        raise ValueError(f"out must match t (shape {tuple(t.shape)}, {t.dtype}, {t.device}), got "
+                         f"shape {tuple(out.shape)}, {out.dtype}, {out.device}")
     _, o_strides = _canonical(out, tensor_format)
     n_rows = seq_rows * batch * heads
     if n_rows == 0 or head_dim == 0:
@@ -222,7 +225,9 @@ def rope_1d(
     pass_width = _next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0
     if block_rows is None:
         budget = 65536 if INTERPRETED else 2048
-        block_rows = min(_next_pow2(n_rows), max(1, budget // (2 * half + pass_width)))
+        rows = budget // (2 * half + pass_width)
+        # rounded down to a power of two: it is the size of a tl.arange
+        block_rows = min(_next_pow2(n_rows), 1 << max(0, rows.bit_length() - 1))
     is_thd = tensor_format == "thd"
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     sizes = (seq_rows, batch, heads, head_dim)

@@ -208,14 +208,23 @@ def rope_2d_kernel(
             cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos_b[:, None], c1[None, :],
                                               c2[None, :], f_stride_s, f_stride_d, sj_mask,
                                               BACKWARD)
+        # Every load of this batch element is issued before any result is needed, so that their
+        # memory latencies overlap (the pass-through channels too: loading them after the
+        # rotated ones were stored cost 15% of bandwidth at rotary_percent 0.5).
         if INTERLEAVED:
             # Pairs are adjacent channels: load each row contiguously as [..., HALF, 2] (wide,
             # coalesced loads) and split it, rather than two stride-2 gathers.
             x12 = tl.load(x_base + x_sh[:, :, :, None] + c12 * x_stride_d, mask=mask12)
+        else:
+            x1 = tl.load(x_base + x_sh + c1[None, None, :] * x_stride_d, mask=mask)
+            x2 = tl.load(x_base + x_sh + c2[None, None, :] * x_stride_d, mask=mask)
+        if PASS > 0:
+            xp = tl.load(x_base + x_sh + p[None, None, :] * x_stride_d, mask=p_mask)
+        if INTERLEAVED:
             x1, x2 = tl.split(x12.to(tl.float32))
         else:
-            x1 = tl.load(x_base + x_sh + c1[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
-            x2 = tl.load(x_base + x_sh + c2[None, None, :] * x_stride_d, mask=mask).to(tl.float32)
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
         y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
         y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
         if INTERLEAVED:
@@ -227,12 +236,16 @@ def rope_2d_kernel(
             tl.store(o_base + o_sh + c2[None, None, :] * o_stride_d,
                      y2.to(out_ptr.dtype.element_ty), mask=mask)
         if PASS > 0:
-            xp = tl.load(x_base + x_sh + p[None, None, :] * x_stride_d, mask=p_mask)
             tl.store(o_base + o_sh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _floor_pow2(n: int) -> int:
+    """Largest power of two <= n (1 for n < 1): block sizes feed tl.arange."""
+    return 1 << max(0, n.bit_length() - 1)
 
 
 def _canonical(t: torch.Tensor, tensor_format: str):
@@ -267,7 +280,8 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     (scripts/gpu_probe.py, shown in notebook 04).
 
     - A tile of about 4 KB of input per batch step (8 heads x 2 positions of 128 bf16
-      channels) was the fastest for sbhd/bshd, in bf16 and fp32 alike.
+      channels) was the fastest for sbhd/bshd, in bf16 and fp32 alike; with a batch of 1 or 2,
+      8 KB (16 heads x 2 positions) was.
     - Interleaved pairs go through split/join of a [..., HALF, 2] tile, which costs registers:
       4 heads x 1 position did best.
     - thd (heads are the loop axis there): 4 tokens per program did best.
@@ -294,16 +308,126 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size
     elif interleaved:
         block_h, block_s = min(_next_pow2(heads), 4), 1
     else:
-        block_h = min(_next_pow2(heads), 8)
-        block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
+        # About 4 KB of input per batch step; with a batch of 1 or 2 there is little to reuse
+        # each program's cos/sin over, and a tile twice as large (16 heads) did better.
+        small_batch = batch <= 2
+        block_h = min(_next_pow2(heads), 16 if small_batch else 8)
+        tile_bytes = 8192 if small_batch else 4096
+        block_s = min(_next_pow2(seq_rows),
+                      _floor_pow2((tile_bytes // element_size) // (width * block_h)))
     tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
     if sm_count is not None:
         chunks = min(batch, max(1, triton.cdiv(4 * sm_count, tiles)))
     else:  # the interpreter pays per program: keep them few and large
-        block_s = min(_next_pow2(seq_rows), max(1, 16384 // (width * block_h)))
+        block_s = min(_next_pow2(seq_rows), _floor_pow2(16384 // (width * block_h)))
         chunks = 1
     return (("block_s", block_s), ("block_h", block_h),
             ("batch_per_program", triton.cdiv(batch, chunks)), ("num_warps", 4))
+
+
+class _Plan:
+    """Everything a launch needs that follows from shapes, strides and flags (not from data).
+
+    ``compiled`` maps (device, pointer alignments) to the kernel Triton compiled for them, so
+    that later calls can skip Triton's Python dispatch (see ``_launch``).
+    """
+
+    __slots__ = ("grid", "scalars", "constexprs", "num_warps", "compiled")
+
+    def __init__(self, grid, scalars, constexprs, num_warps):
+        self.grid, self.scalars, self.constexprs, self.num_warps = grid, scalars, constexprs, num_warps
+        self.compiled = {}
+
+
+_PLANS: dict = {}  # call signature -> _Plan; cleared when it grows past _MAX_PLANS
+_MAX_PLANS = 4096
+
+# The thin launch path calls the compiled kernel directly once Triton's own dispatch has chosen
+# it for a call signature. Set to False to always go through Triton's dispatch.
+THIN_LAUNCH = True
+
+
+def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved, cp_size,
+               cp_rank, backward, config) -> _Plan:
+    (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
+    _, o_strides = _canonical(out, tensor_format)
+    rotary_dim = freqs.shape[-1]
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"freqs.shape[-1] (rotary_dim) must be even and <= head_dim={head_dim}, "
+                         f"got {rotary_dim}")
+    is_thd = tensor_format == "thd"
+    cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
+                         t.element_size(), bool(interleaved), is_thd)
+    if config:
+        cfg.update(config)
+    n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
+    sizes = (seq_rows, batch, heads, head_dim)
+    int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
+                _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1
+    grid = (
+        triton.cdiv(seq_rows, cfg["block_s"]),
+        triton.cdiv(heads, cfg["block_h"]),
+        triton.cdiv(batch, cfg["batch_per_program"]),
+    )
+    scalars = (seq_rows, batch, heads, rotary_dim, head_dim, *x_strides, *o_strides,
+               freqs.stride(0), freqs.stride(-1),
+               n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
+               cfg["batch_per_program"])
+    constexprs = dict(
+        IS_THD=is_thd,
+        HAS_START=start_positions is not None,
+        USE_CP=cp_size > 1,
+        INTERLEAVED=bool(interleaved),
+        BACKWARD=bool(backward),
+        INT64=int64,
+        BLOCK_S=cfg["block_s"],
+        BLOCK_H=cfg["block_h"],
+        HALF=_next_pow2(rotary_dim // 2),
+        PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
+    )
+    return _Plan(grid, scalars, constexprs, cfg["num_warps"])
+
+
+def _launch_hooks_installed() -> bool:
+    """True when a Triton launch hook (a profiler, for instance) must see every launch. Recent
+    Triton versions keep the hooks in a HookChain that is empty by default."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        hook = getattr(runtime, name, None)
+        if hook is not None and getattr(hook, "calls", True):  # a plain callable, or a chain in use
+            return True
+    return False
+
+
+def _launch(plan: _Plan, pointers: tuple) -> None:
+    """Launch ``rope_2d_kernel`` for ``plan``.
+
+    Triton's dispatch (``kernel[grid](...)``) costs tens of microseconds of Python per call: it
+    re-derives the specialisation of all ~35 arguments every time. Within one plan the only
+    things that can change that specialisation are the device and the pointers' 16-byte
+    alignment (dtypes, sizes and strides are in the plan's key), so the kernel Triton returns for
+    the first call with a given (device, alignments) is the one it would pick again; later calls
+    launch it directly. Tests check that it is the same kernel object on a GPU.
+    """
+    if INTERPRETED or not THIN_LAUNCH or _launch_hooks_installed():
+        rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                                  num_warps=plan.num_warps)
+        return
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    aligned = tuple(p.data_ptr() % 16 == 0 for p in pointers)
+    compiled = plan.compiled.get((device, aligned))
+    if compiled is None:
+        compiled = rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                                             num_warps=plan.num_warps)
+        plan.compiled[(device, aligned)] = compiled
+        return
+    g0, g1, g2 = plan.grid
+    # The arguments of CompiledKernel.run, as triton.runtime.jit.JITFunction.run passes them
+    # (no launch metadata, no hooks: checked above).
+    compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None,
+                 *pointers, *plan.scalars, *plan.constexprs.values())
 
 
 def rope_2d(
@@ -331,7 +455,8 @@ def rope_2d(
             global lengths when cp_size > 1).
         cp_size, cp_rank: context parallelism, dual-chunk slicing as in TransformerEngine.
         backward: apply R(-theta) instead of R(theta): the gradient of the forward.
-        out: optional output tensor of ``t``'s shape and dtype (any strides).
+        out: optional output tensor of ``t``'s shape, dtype and device (any strides); ``out=t``
+            rotates in place.
         config: optional override of ``default_config`` (block_s, block_h, batch_per_program,
             num_warps).
 
@@ -344,52 +469,28 @@ def rope_2d(
             "to a GPU, or set the environment variable TRITON_INTERPRET=1 before this module is "
             "imported (e.g. `TRITON_INTERPRET=1 python ...`)."
         )
-    (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
-    rotary_dim = freqs.shape[-1]
-    if rotary_dim % 2 or rotary_dim > head_dim:
-        raise ValueError(f"freqs.shape[-1] (rotary_dim) must be even and <= head_dim={head_dim}, "
-                         f"got {rotary_dim}")
     if out is None:
         out = torch.empty_like(t, memory_format=torch.contiguous_format)
-    _, o_strides = _canonical(out, tensor_format)
+    elif out.shape != t.shape or out.dtype != t.dtype or out.device != t.device:
+        raise ValueError(f"out must match t (shape {tuple(t.shape)}, {t.dtype}, {t.device}), got "
+                         f"shape {tuple(out.shape)}, {out.dtype}, {out.device}")
+    is_thd = tensor_format == "thd"
+    key = (tensor_format, t.shape, t.stride(), out.stride(), t.dtype, t.device, freqs.shape,
+           freqs.stride(), freqs.dtype,
+           (cu_seqlens.shape, cu_seqlens.dtype) if is_thd else None,
+           None if start_positions is None else start_positions.dtype,
+           bool(interleaved), bool(backward), cp_size, cp_rank,
+           tuple(sorted(config.items())) if config else None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved,
+                          cp_size, cp_rank, backward, config)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
     if t.numel() == 0:
         return out
-    is_thd = tensor_format == "thd"
-    cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
-                         t.element_size(), bool(interleaved), is_thd)
-    if config:
-        cfg.update(config)
-    n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
-    sizes = (seq_rows, batch, heads, head_dim)
-    int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
-                _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1
-    half = _next_pow2(rotary_dim // 2)
-    pass_width = _next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0
-    grid = (
-        triton.cdiv(seq_rows, cfg["block_s"]),
-        triton.cdiv(heads, cfg["block_h"]),
-        triton.cdiv(batch, cfg["batch_per_program"]),
-    )
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
-    rope_2d_kernel[grid](
-        t, freqs, out,
-        cu_seqlens if is_thd else t,
-        start_positions if start_positions is not None else t,
-        seq_rows, batch, heads, rotary_dim, head_dim,
-        *x_strides, *o_strides,
-        freqs.stride(0), freqs.stride(-1),
-        n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
-        cfg["batch_per_program"],
-        IS_THD=is_thd,
-        HAS_START=start_positions is not None,
-        USE_CP=cp_size > 1,
-        INTERLEAVED=bool(interleaved),
-        BACKWARD=bool(backward),
-        INT64=int64,
-        BLOCK_S=cfg["block_s"],
-        BLOCK_H=cfg["block_h"],
-        HALF=half,
-        PASS=pass_width,
-        num_warps=cfg["num_warps"],
-    )
+    _launch(plan, (t, freqs, out, cu_seqlens if is_thd else t,
+                   start_positions if start_positions is not None else t))
     return out

@@ -60,6 +60,8 @@ def probe_configs(copy_gbps: float) -> list[dict]:
         "thd bf16 4096 seqs": dict(tensor_format="thd", n_seqs=4096),
         "sbhd bf16 d256": dict(tensor_format="sbhd", head_dim=256),
         "sbhd bf16 seq8192": dict(tensor_format="sbhd", seq_len=8192),
+        "bshd bf16 b1 h64 s2048": dict(tensor_format="bshd", seq_len=2048, batch=1, heads=64),
+        "bshd bf16 b2 s8192": dict(tensor_format="bshd", seq_len=8192, batch=2),
     }
 
     def one(name, p, c, kwargs):

@@ -32,6 +32,9 @@ SHAPES = [
     ((65536, 32, 128), "thd", 128, 2, False),
     ((7, 3, 5, 24), "sbhd", 12, 4, False),
     ((5, 9, 3, 10), "bshd", 6, 2, True),
+    ((1, 2048, 64, 128), "bshd", 128, 2, False),    # batch 1: the 16-head tile
+    ((8192, 2, 32, 128), "sbhd", 128, 4, False),    # batch 2, fp32
+    ((12, 2, 3, 32), "sbhd", 8, 2, False),          # width 4 + 4 + 32 = 40: not a power of two
 ]
 
 

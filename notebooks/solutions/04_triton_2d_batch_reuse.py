@@ -24,6 +24,10 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _floor_pow2(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -39,7 +43,8 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
       the heads take the place of the batch (they are the loop axis), so ``heads = 1``;
     * tile (``block_s`` positions x ``block_h`` heads, lengths rounded up to powers of two):
       thd ``min(4, tokens) x 1``; interleaved ``1 x min(4, heads)``; otherwise ``min(8, heads)``
-      heads and as many positions as fit in about 4 KB of input per batch step;
+      heads and as many positions (a power of two) as fit in about 4 KB of input per batch
+      step, or ``min(16, heads)`` heads and 8 KB when the batch is 1 or 2;
     * on a GPU (``sm_count`` given) the batch is cut into as few chunks as give every SM about
       four programs; in the interpreter (``sm_count=None``) there is one chunk and the tile
       covers up to 16384 channels, because the interpreter pays per program.
@@ -71,13 +76,15 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     elif interleaved:
         block_h, block_s = min(_next_pow2(heads), 4), 1
     else:
-        block_h = min(_next_pow2(heads), 8)
-        block_s = min(_next_pow2(seq_rows), max(1, (4096 // element_size) // (width * block_h)))
+        small_batch = batch <= 2
+        block_h = min(_next_pow2(heads), 16 if small_batch else 8)
+        tile_bytes = 8192 if small_batch else 4096
+        block_s = min(_next_pow2(seq_rows), _floor_pow2((tile_bytes // element_size) // (width * block_h)))
     tiles = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h)
     if sm_count is not None:
         chunks = min(batch, max(1, _cdiv(4 * sm_count, tiles)))
     else:
-        block_s = min(_next_pow2(seq_rows), max(1, 16384 // (width * block_h)))
+        block_s = min(_next_pow2(seq_rows), _floor_pow2(16384 // (width * block_h)))
         chunks = 1
     config = dict(block_s=block_s, block_h=block_h, batch_per_program=_cdiv(batch, chunks),
                   num_warps=4)

@@ -1,0 +1,183 @@
+"""rope_2d's launch path: launch plans cached by call signature, and (on a GPU) the thin launch
+that calls the kernel Triton compiled for a signature without going through Triton's dispatch.
+
+The thin launch is only correct if, for a given plan, the kernel it reuses is the one Triton's
+dispatch would pick. These tests check exactly that (same CompiledKernel object) over dtypes,
+layouts, strides and pointer alignments, and that repeated calls with fresh data stay correct.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from conftest import DEVICE, ON_GPU, assert_rope_close, randn
+from rope_kernels import RotaryPositionEmbedding, rope_2d, rope_reference
+
+# The module (the package exports the function under the same name).
+r2 = importlib.import_module("rope_kernels.rope_2d")
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="the thin launch exists only for compiled kernels")
+
+
+def _views(fmt, dtype, seed):
+    """(name, t) pairs of one logical shape: contiguous, strided, and with a pointer that is
+    not 16-byte aligned (a view starting one element into its storage)."""
+    shape = {"sbhd": (6, 3, 4, 32), "bshd": (3, 6, 4, 32), "thd": (18, 4, 32)}[fmt]
+    base = randn((2,) + shape, dtype, seed)
+    flat = randn((base.numel() + 1,), dtype, seed + 1)
+    return [
+        ("contiguous", base[0]),
+        ("strided", base.transpose(0, 1)[:, 0] if fmt != "thd" else base[1]),
+        ("misaligned", flat[1:].view(base.shape)[0]),
+    ]
+
+
+def _kwargs(fmt):
+    if fmt == "thd":
+        return {"cu_seqlens": torch.tensor([0, 5, 5, 18], dtype=torch.int32, device=DEVICE)}
+    return {}
+
+
+def _dispatch(plan, pointers):
+    """What Triton's own dispatch launches for this plan (and returns, on a GPU)."""
+    return r2.rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                                        num_warps=plan.num_warps)
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_repeated_calls_match_reference(fmt, dtype, interleaved, seed):
+    """Three calls per view, each on fresh values: the first builds the plan (and, on a GPU, goes
+    through Triton's dispatch), the later ones reuse it."""
+    kw = _kwargs(fmt)
+    emb = RotaryPositionEmbedding(24, interleaved=interleaved, device=DEVICE)(20)
+    for name, t in _views(fmt, dtype, seed):
+        for call in range(3):
+            t.copy_(randn(t.shape, dtype, seed + 10 * call))
+            out = rope_2d(t, emb, fmt, interleaved=interleaved, **kw)
+            ref = rope_reference(t.double(), emb, fmt, interleaved=interleaved, **kw)
+            assert_rope_close(out, ref, dtype, f"{name} view, call {call}")
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_thin_launch_reuses_the_kernel_triton_picks(fmt, dtype, seed, monkeypatch):
+    monkeypatch.setattr(r2, "_PLANS", {})  # only this test's plans
+    kw = _kwargs(fmt)
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(20)
+    for name, t in _views(fmt, dtype, seed):
+        out = torch.empty_like(t)
+        for _ in range(2):  # the second call takes the thin path
+            rope_2d(t, emb, fmt, out=out, **kw)
+        plans = [p for k, p in r2._PLANS.items()
+                 if k[1] == t.shape and k[2] == t.stride() and k[3] == out.stride()
+                 and k[4] == t.dtype and k[0] == fmt]
+        assert len(plans) == 1, f"{name}: expected one plan, found {len(plans)}"
+        plan = plans[0]
+        pointers = (t, emb, out, kw.get("cu_seqlens", t), t)
+        aligned = tuple(p.data_ptr() % 16 == 0 for p in pointers)
+        cached = plan.compiled[(torch.cuda.current_device(), aligned)]
+        assert cached is not None
+        assert _dispatch(plan, pointers) is cached, f"{name}: Triton picked another kernel"
+
+
+@gpu
+def test_misaligned_pointer_gets_its_own_kernel(seed, monkeypatch):
+    """A pointer that is not 16-byte aligned must not reuse a kernel compiled assuming it is."""
+    monkeypatch.setattr(r2, "_PLANS", {})
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    flat = randn((8 * 2 * 4 * 32 + 1,), torch.bfloat16, seed)
+    aligned_t = flat[:-1].view(8, 2, 4, 32)
+    shifted_t = flat[1:].view(8, 2, 4, 32)  # same shape and strides, pointer + 2 bytes
+    for t in (aligned_t, shifted_t, aligned_t, shifted_t):
+        assert_rope_close(rope_2d(t, emb), rope_reference(t.double(), emb), torch.bfloat16)
+    key = next(k for k in r2._PLANS if k[1] == aligned_t.shape and k[4] == torch.bfloat16
+               and k[2] == aligned_t.stride())
+    alignments = {a[0] for _, a in r2._PLANS[key].compiled}
+    assert alignments == {True, False}
+
+
+@gpu
+def test_launch_hook_disables_thin_path(seed):
+    """With a Triton launch hook installed (profilers use them), every launch goes through
+    Triton's dispatch so that the hook sees it."""
+    knobs = pytest.importorskip("triton").knobs
+    seen = []
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    for _ in range(2):  # the plan and kernel exist: the next call would take the thin path
+        rope_2d(t, emb)
+    chain = knobs.runtime.launch_enter_hook
+    hook = lambda metadata: seen.append(metadata)  # noqa: E731
+    if hasattr(chain, "add"):  # a HookChain (recent Triton)
+        chain.add(hook)
+    else:
+        knobs.runtime.launch_enter_hook = hook
+    try:
+        rope_2d(t, emb)
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            knobs.runtime.launch_enter_hook = chain
+    assert len(seen) == 1
+    assert not r2._launch_hooks_installed()
+
+
+def test_plan_cache_is_bounded(monkeypatch, seed):
+    monkeypatch.setattr(r2, "_MAX_PLANS", 3)
+    monkeypatch.setattr(r2, "_PLANS", {})
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(16)
+    for s in range(1, 8):
+        t = randn((s, 1, 1, 8), torch.float32, seed + s)
+        assert_rope_close(rope_2d(t, emb), rope_reference(t.double(), emb), torch.float32)
+        assert len(r2._PLANS) <= 3
+
+
+def test_in_place(seed):
+    emb = RotaryPositionEmbedding(16, 0.5, device=DEVICE)(12)
+    t = randn((12, 2, 3, 32), torch.bfloat16, seed)
+    expected = rope_2d(t, emb)
+    assert rope_2d(t, emb, out=t) is t
+    assert torch.equal(t, expected)
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype"])
+def test_out_must_match_t(bad, seed):
+    emb = RotaryPositionEmbedding(16, device=DEVICE)(12)
+    t = randn((12, 2, 3, 16), torch.float32, seed)
+    out = torch.empty((12, 2, 3, 8) if bad == "shape" else t.shape,
+                      dtype=torch.float32 if bad == "shape" else torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="out must match t"):
+        rope_2d(t, emb, out=out)
+
+
+_r1 = importlib.import_module("rope_kernels.rope_1d")
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(32, 8), (40, 8), (96, 64), (24, 12), (200, 100)])
+@pytest.mark.parametrize("element_size", [2, 4])
+@pytest.mark.parametrize("interleaved,is_thd", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("sm_count", [None, 132])
+def test_block_sizes_are_powers_of_two(head_dim, rotary_dim, element_size, interleaved, is_thd,
+                                       sm_count):
+    """Block sizes are tl.arange sizes: the compiler rejects anything but powers of two (the
+    interpreter does not), e.g. for partial rotary with a head width that is not one."""
+    for seq_rows, batch, heads in [(1, 1, 1), (7, 3, 5), (4096, 16, 32), (3, 300, 64)]:
+        cfg = dict(r2._config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count,
+                              element_size, interleaved, is_thd))
+        for name in ("block_s", "block_h"):
+            assert cfg[name] & (cfg[name] - 1) == 0, f"{name}={cfg[name]}"
+        assert 1 <= cfg["batch_per_program"] <= batch
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(32, 8), (40, 8), (200, 100)])
+def test_1d_default_block_is_a_power_of_two(head_dim, rotary_dim, seed):
+    emb = RotaryPositionEmbedding(rotary_dim, device=DEVICE)(5)
+    t = randn((5, 2, 3, head_dim), torch.float32, seed)
+    assert_rope_close(_r1.rope_1d(t, emb), rope_reference(t.double(), emb), torch.float32)
