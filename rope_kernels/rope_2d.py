@@ -317,7 +317,7 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size
                       _floor_pow2((tile_bytes // element_size) // (width * block_h)))
     tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
     if sm_count is not None:
-        chunks = min(batch, max(1, triton.cdiv(4 * sm_count, tiles)))
+        chunks = max(1, min(batch, triton.cdiv(4 * sm_count, max(1, tiles))))
     else:  # the interpreter pays per program: keep them few and large
         block_s = min(_next_pow2(seq_rows), _floor_pow2(16384 // (width * block_h)))
         chunks = 1
@@ -474,6 +474,9 @@ def rope_2d(
     elif out.shape != t.shape or out.dtype != t.dtype or out.device != t.device:
         raise ValueError(f"out must match t (shape {tuple(t.shape)}, {t.dtype}, {t.device}), got "
                          f"shape {tuple(out.shape)}, {out.dtype}, {out.device}")
+    if t.numel() == 0:
+        _canonical(t, tensor_format)  # still reject an unknown tensor_format
+        return out
     is_thd = tensor_format == "thd"
     key = (tensor_format, t.shape, t.stride(), out.stride(), t.dtype, t.device, freqs.shape,
            freqs.stride(), freqs.dtype,
@@ -488,8 +491,6 @@ def rope_2d(
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
-    if t.numel() == 0:
-        return out
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
     _launch(plan, (t, freqs, out, cu_seqlens if is_thd else t,
                    start_positions if start_positions is not None else t))

@@ -181,3 +181,20 @@ def test_1d_default_block_is_a_power_of_two(head_dim, rotary_dim, seed):
     emb = RotaryPositionEmbedding(rotary_dim, device=DEVICE)(5)
     t = randn((5, 2, 3, head_dim), torch.float32, seed)
     assert_rope_close(_r1.rope_1d(t, emb), rope_reference(t.double(), emb), torch.float32)
+
+
+@pytest.mark.parametrize("sm_count", [None, 132])
+def test_config_of_an_empty_launch(sm_count):
+    """Zero rows or heads (an empty tensor) must not divide by zero in the heuristic."""
+    for sizes in [(0, 1, 2, 2), (5, 0, 2, 8), (5, 2, 0, 8)]:
+        cfg = dict(r2._config(*sizes, sizes[3], sm_count, 4, False, False))
+        assert cfg["batch_per_program"] >= min(1, sizes[1])
+
+
+@pytest.mark.parametrize("fmt,shape", [("sbhd", (0, 2, 3, 8)), ("bshd", (2, 0, 3, 8)),
+                                       ("thd", (0, 3, 8))])
+def test_empty_input(fmt, shape):
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(4)
+    kw = {"cu_seqlens": torch.tensor([0, 0], dtype=torch.int32, device=DEVICE)} if fmt == "thd" else {}
+    t = torch.empty(shape, device=DEVICE)
+    assert rope_2d(t, emb, fmt, **kw).shape == t.shape

@@ -82,7 +82,7 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
         block_s = min(_next_pow2(seq_rows), _floor_pow2((tile_bytes // element_size) // (width * block_h)))
     tiles = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h)
     if sm_count is not None:
-        chunks = min(batch, max(1, _cdiv(4 * sm_count, tiles)))
+        chunks = max(1, min(batch, _cdiv(4 * sm_count, max(1, tiles))))
     else:
         block_s = min(_next_pow2(seq_rows), _floor_pow2(16384 // (width * block_h)))
         chunks = 1
