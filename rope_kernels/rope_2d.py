@@ -409,25 +409,24 @@ def _launch(plan: _Plan, pointers: tuple) -> None:
     the first call with a given (device, alignments) is the one it would pick again; later calls
     launch it directly. Tests check that it is the same kernel object on a GPU.
     """
-    if INTERPRETED or not THIN_LAUNCH or _launch_hooks_installed():
-        rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                                  num_warps=plan.num_warps)
-        return
-    driver = triton.runtime.driver.active
-    device = driver.get_current_device()
-    aligned = tuple(p.data_ptr() % 16 == 0 for p in pointers)
-    compiled = plan.compiled.get((device, aligned))
-    if compiled is None:
-        compiled = rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                                             num_warps=plan.num_warps)
-        plan.compiled[(device, aligned)] = compiled
-        return
-    g0, g1, g2 = plan.grid
-    # The arguments of CompiledKernel.run, as triton.runtime.jit.JITFunction.run passes them
-    # (no launch metadata, no hooks: checked above).
-    compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None,
-                 *pointers, *plan.scalars, *plan.constexprs.values())
+    thin = THIN_LAUNCH and not INTERPRETED and not _launch_hooks_installed()
+    if thin:
+        driver = triton.runtime.driver.active
+        device = driver.get_current_device()
+        key = (device, tuple(p.data_ptr() % 16 == 0 for p in pointers))
+        compiled = plan.compiled.get(key)
+        if compiled is not None:
+            g0, g1, g2 = plan.grid
+            # The arguments of CompiledKernel.run, as triton.runtime.jit.JITFunction.run passes
+            # them (no launch metadata, no hooks: checked above).
+            compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
+                         compiled.packed_metadata, None, None, None,
+                         *pointers, *plan.scalars, *plan.constexprs.values())
+            return
+    compiled = rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                                         num_warps=plan.num_warps)
+    if thin:
+        plan.compiled[key] = compiled
 
 
 def rope_2d(

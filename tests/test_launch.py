@@ -18,6 +18,7 @@ from rope_kernels import RotaryPositionEmbedding, rope_2d, rope_reference
 
 # The module (the package exports the function under the same name).
 r2 = importlib.import_module("rope_kernels.rope_2d")
+_r1 = importlib.import_module("rope_kernels.rope_1d")
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="the thin launch exists only for compiled kernels")
 
@@ -156,8 +157,6 @@ def test_out_must_match_t(bad, seed):
     with pytest.raises(ValueError, match="out must match t"):
         rope_2d(t, emb, out=out)
 
-
-_r1 = importlib.import_module("rope_kernels.rope_1d")
 
 
 @pytest.mark.parametrize("head_dim,rotary_dim", [(32, 8), (40, 8), (96, 64), (24, 12), (200, 100)])
