@@ -1,9 +1,11 @@
 """RoPE, 2-D batch-reusing Triton kernel: the fast path. One self-contained file (torch, triton, stdlib).
 
-Each program owns a tile of ``BLOCK_S`` positions x ``BLOCK_H`` heads (the 2-D grid), computes
-cos/sin for its positions once, and reuses them for every head of the tile and every batch element
-of its batch chunk. Rotated channels are processed as pairs ``(x1, x2) -> (x1*cos - x2*sin,
-x2*cos + x1*sin)``; channels past ``rotary_dim`` are copied in the same pass.
+Each program owns a tile of ``BLOCK_S`` positions x ``BLOCK_B`` batch elements x ``BLOCK_H`` heads:
+the (batch element, head) pairs form the tile's second axis, so it is 2-D over (positions, rows
+that share them). It computes cos/sin for its positions once and reuses them for every batch
+element and head of the tile; programs that run side by side share positions, so the angle rows
+they read come from cache. Rotated channels are processed as pairs ``(x1, x2) -> (x1*cos -
+x2*sin, x2*cos + x1*sin)``; channels past ``rotary_dim`` are copied in the same pass.
 
 Usage (TransformerEngine conventions)::
 
@@ -86,7 +88,26 @@ def _positions(
 
 
 @triton.jit
-def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.constexpr):
+def _fast_sincos(x):
+    """cos(x), sin(x) through the SFU's cos.approx/sin.approx (absolute error ~1e-6 after the
+    range reduction; measured up to |x| = 1e5 in scripts/probe_s4.py). Used for 16-bit outputs,
+    whose rounding (>= 5e-4) hides that error; libdevice's cos/sin take ~40 instructions and
+    registers enough to cost bandwidth."""
+    # x - 2*pi*k in two steps: 6.28125 has 8 significant bits, so k * 6.28125 is exact for
+    # |k| < 2**16 (|x| < ~4e5), and the second constant carries the rest of 2*pi.
+    k = tl.floor(x * 0.15915494309189535 + 0.5)
+    r = tl.fma(k, -6.28125, x)
+    r = tl.fma(k, -0.0019353071795864769, r)
+    c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
+                                  is_pure=True, pack=1)
+    s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
+                                  is_pure=True, pack=1)
+    return c, s
+
+
+@triton.jit
+def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.constexpr,
+             FAST_TRIG: tl.constexpr):
     """cos/sin of the angles of both channels of each pair, ``[..., HALF]`` each.
 
     Every output channel uses its own table entry, exactly like the unfused formula. The backward
@@ -96,20 +117,23 @@ def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.
     row = pos * f_stride_s
     f1 = tl.load(freqs_ptr + row + c1 * f_stride_d, mask=mask, other=0.0)
     f2 = tl.load(freqs_ptr + row + c2 * f_stride_d, mask=mask, other=0.0)
-    cos1 = tl.cos(f1)
-    cos2 = tl.cos(f2)
-    if BACKWARD:
-        sin1 = -tl.sin(f2)
-        sin2 = -tl.sin(f1)
+    if FAST_TRIG:
+        cos1, sin1 = _fast_sincos(f1)
+        cos2, sin2 = _fast_sincos(f2)
     else:
+        cos1 = tl.cos(f1)
         sin1 = tl.sin(f1)
+        cos2 = tl.cos(f2)
         sin2 = tl.sin(f2)
+    if BACKWARD:
+        return cos1, -sin2, cos2, -sin1
     return cos1, sin1, cos2, sin2
 
 
 # Sizes and counts are not specialised (fewer recompilations); strides and channel counts are,
 # because stride == 1 and multiples of 16 are what let Triton vectorise loads and stores.
-@triton.jit(do_not_specialize=["seq_len", "batch", "heads", "n_seqs", "search_steps", "cp_size", "cp_rank", "batch_per_program"])
+@triton.jit(do_not_specialize=["seq_len", "batch", "heads", "n_seqs", "search_steps", "cp_size",
+                               "cp_rank", "h_blocks", "s_blocks", "group_b"])
 def rope_2d_kernel(
     x_ptr,
     freqs_ptr,
@@ -135,27 +159,41 @@ def rope_2d_kernel(
     search_steps,
     cp_size,
     cp_rank,
-    batch_per_program,
+    h_blocks,  # cdiv(heads, BLOCK_H)
+    s_blocks,  # cdiv(seq_len, BLOCK_S)
+    group_b,  # batch blocks per group (see the program order below)
     IS_THD: tl.constexpr,
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr,
     INT64: tl.constexpr,  # 64-bit offsets, for tensors past 2**31 elements
+    FAST_TRIG: tl.constexpr,  # SFU cos/sin (16-bit outputs on NVIDIA GPUs), else libdevice
     BLOCK_S: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HALF: tl.constexpr,  # power of two >= rotary_dim // 2: pairs per head
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0: channels copied through
 ):
-    pid_s = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    pid_b = tl.program_id(2)
+    # One program: BLOCK_S positions x BLOCK_B batch elements x BLOCK_H heads, on a 1-D grid.
+    pid = tl.program_id(0)
+    # Program order: batch blocks fastest, within groups of `group_b` of them; then head blocks,
+    # then position blocks, then groups. Programs running side by side thus share positions
+    # (their angle rows come from cache) and, for bshd, touch only a few batch elements' memory
+    # at a time (rather than every one of them, power-of-two strides apart).
+    per_group = group_b * h_blocks * s_blocks
+    pid_b = (pid // per_group) * group_b + pid % group_b
+    pid_h = (pid // group_b) % h_blocks
+    pid_s = (pid % per_group) // (group_b * h_blocks)
 
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S] rows (positions or tokens)
-    h_idx = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads
+    # The (batch element, head) pairs of the tile share one axis, heads fastest: [BLOCK_B*BLOCK_H]
+    bh = tl.arange(0, BLOCK_B * BLOCK_H)
+    b_idx = pid_b * BLOCK_B + bh // BLOCK_H
+    h_idx = pid_h * BLOCK_H + bh % BLOCK_H
     j = tl.arange(0, HALF)  # [HALF] pair index
     s_mask = s_idx < seq_len
-    h_mask = h_idx < heads
+    bh_mask = (b_idx < batch) & (h_idx < heads)
     j_mask = j < rotary_dim // 2
 
     # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
@@ -165,78 +203,67 @@ def rope_2d_kernel(
     else:
         c1 = j
         c2 = j + rotary_dim // 2
-
-    pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
-                     cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
-    sj_mask = s_mask[:, None] & j_mask[None, :]  # [BLOCK_S, HALF]
     if INT64:
-        pos = pos.to(tl.int64)
         s_idx = s_idx.to(tl.int64)
+        b_idx = b_idx.to(tl.int64)
         h_idx = h_idx.to(tl.int64)
         c1 = c1.to(tl.int64)
         c2 = c2.to(tl.int64)
-    if not HAS_START or IS_THD:
-        # The reuse: one cos/sin tile per program, shared by all heads and batch elements.
-        cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
-                                          f_stride_s, f_stride_d, sj_mask, BACKWARD)
 
-    # [BLOCK_S, BLOCK_H, 1] offsets of each (row, head); channels are added on the last axis.
-    x_sh = s_idx[:, None, None] * x_stride_s + h_idx[None, :, None] * x_stride_h
-    o_sh = s_idx[:, None, None] * o_stride_s + h_idx[None, :, None] * o_stride_h
-    mask = s_mask[:, None, None] & h_mask[None, :, None] & j_mask[None, None, :]
+    # [BLOCK_S, BLOCK_B*BLOCK_H, 1] offsets of each (row, batch element, head); channels are
+    # added on the last axis.
+    x_sbh = s_idx[:, None, None] * x_stride_s + (b_idx * x_stride_b + h_idx * x_stride_h)[None, :, None]
+    o_sbh = s_idx[:, None, None] * o_stride_s + (b_idx * o_stride_b + h_idx * o_stride_h)[None, :, None]
+    mask = s_mask[:, None, None] & bh_mask[None, :, None] & j_mask[None, None, :]
+
+    # Every load of x is issued first, the angle table's after: the table load and the cos/sin
+    # arithmetic then overlap the latency of the x loads instead of adding to it.
     if INTERLEAVED:
+        # Pairs are adjacent channels: load each row contiguously as [..., HALF, 2] (wide,
+        # coalesced loads) and split it, rather than two stride-2 gathers.
         c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
         mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+        x12 = tl.load(x_ptr + x_sbh[:, :, :, None] + c12 * x_stride_d, mask=mask12)
+    else:
+        x1 = tl.load(x_ptr + x_sbh + c1[None, None, :] * x_stride_d, mask=mask)
+        x2 = tl.load(x_ptr + x_sbh + c2[None, None, :] * x_stride_d, mask=mask)
     if PASS > 0:
         p = rotary_dim + tl.arange(0, PASS)
         if INT64:
             p = p.to(tl.int64)
-        p_mask = s_mask[:, None, None] & h_mask[None, :, None] & (p < head_dim)[None, None, :]
+        p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < head_dim)[None, None, :]
+        xp = tl.load(x_ptr + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
 
-    b_begin = pid_b * batch_per_program
-    b_end = tl.minimum(b_begin + batch_per_program, batch)
-    for b in range(b_begin, b_end):
-        if INT64:
-            b_wide = b.to(tl.int64)
-        else:
-            b_wide = b
-        x_base = x_ptr + b_wide * x_stride_b
-        o_base = out_ptr + b_wide * o_stride_b
-        if HAS_START and not IS_THD:
-            # Per-batch offsets break the reuse over the batch: this tile needs its own angles.
-            pos_b = pos + tl.load(start_positions_ptr + b)
-            cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos_b[:, None], c1[None, :],
-                                              c2[None, :], f_stride_s, f_stride_d, sj_mask,
-                                              BACKWARD)
-        # Every load of this batch element is issued before any result is needed, so that their
-        # memory latencies overlap (the pass-through channels too: loading them after the
-        # rotated ones were stored cost 15% of bandwidth at rotary_percent 0.5).
-        if INTERLEAVED:
-            # Pairs are adjacent channels: load each row contiguously as [..., HALF, 2] (wide,
-            # coalesced loads) and split it, rather than two stride-2 gathers.
-            x12 = tl.load(x_base + x_sh[:, :, :, None] + c12 * x_stride_d, mask=mask12)
-        else:
-            x1 = tl.load(x_base + x_sh + c1[None, None, :] * x_stride_d, mask=mask)
-            x2 = tl.load(x_base + x_sh + c2[None, None, :] * x_stride_d, mask=mask)
-        if PASS > 0:
-            xp = tl.load(x_base + x_sh + p[None, None, :] * x_stride_d, mask=p_mask)
-        if INTERLEAVED:
-            x1, x2 = tl.split(x12.to(tl.float32))
-        else:
-            x1 = x1.to(tl.float32)
-            x2 = x2.to(tl.float32)
-        y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
-        y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-        if INTERLEAVED:
-            y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
-            tl.store(o_base + o_sh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
-        else:
-            tl.store(o_base + o_sh + c1[None, None, :] * o_stride_d,
-                     y1.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.store(o_base + o_sh + c2[None, None, :] * o_stride_d,
-                     y2.to(out_ptr.dtype.element_ty), mask=mask)
-        if PASS > 0:
-            tl.store(o_base + o_sh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
+    pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
+                     cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
+    if HAS_START and not IS_THD:
+        # Per-sequence offsets: the launcher gives such tiles a single batch element (BLOCK_B=1).
+        pos += tl.load(start_positions_ptr + pid_b)
+    if INT64:
+        pos = pos.to(tl.int64)
+    # The reuse: one cos/sin tile [BLOCK_S, HALF] per program, shared by all its batch elements
+    # and heads.
+    sj_mask = s_mask[:, None] & j_mask[None, :]
+    cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
+                                      f_stride_s, f_stride_d, sj_mask, BACKWARD, FAST_TRIG)
+
+    if INTERLEAVED:
+        x1, x2 = tl.split(x12.to(tl.float32))
+    else:
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
+    y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+    if INTERLEAVED:
+        y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + o_sbh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
+    else:
+        tl.store(out_ptr + o_sbh + c1[None, None, :] * o_stride_d,
+                 y1.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + o_sbh + c2[None, None, :] * o_stride_d,
+                 y2.to(out_ptr.dtype.element_ty), mask=mask)
+    if PASS > 0:
+        tl.store(out_ptr + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
@@ -258,11 +285,10 @@ def _canonical(t: torch.Tensor, tensor_format: str):
         sb, ss, sh, sd = t.stride()
         return (s, b, h, d), (ss, sb, sh, sd)
     if tensor_format == "thd":
-        # Heads take the place of the batch: the loop over it reuses each token's sequence
-        # lookup and cos/sin for every head.
+        # Tokens are the rows and there is no batch axis (a batch of one).
         n, h, d = t.shape
         sn, sh, sd = t.stride()
-        return (n, h, 1, d), (sn, sh, 0, sd)
+        return (n, 1, h, d), (sn, 0, sh, sd)
     raise ValueError(f"tensor_format must be 'sbhd', 'bshd' or 'thd', got {tensor_format!r}")
 
 
@@ -270,59 +296,64 @@ def _max_offset(sizes, strides) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(sizes, strides) if n > 0)
 
 
-_SM_COUNT = {}  # device -> number of SMs, read once per device
-
-
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
                    device: torch.device, element_size: int = 2, interleaved: bool = False,
-                   is_thd: bool = False) -> dict:
-    """Tile shape and launch parameters: a heuristic from the tile sweep on an H200
-    (scripts/gpu_probe.py, shown in notebook 04).
+                   is_thd: bool = False, tensor_format: str = "sbhd") -> dict:
+    """Tile shape and warps: a heuristic from the tile sweep on an H200 (scripts/probe_s4.py,
+    shown in notebook 04). Returns ``block_s`` positions x ``block_b`` batch elements x
+    ``block_h`` heads (powers of two) and ``num_warps``.
 
-    - A tile of about 4 KB of input per batch step (8 heads x 2 positions of 128 bf16
-      channels) was the fastest for sbhd/bshd, in bf16 and fp32 alike; with a batch of 1 or 2,
-      8 KB (16 heads x 2 positions) was.
+    - A tile holds about TILE_BYTES of input, spent first on heads (all of them, up to the
+      budget: a row of heads is contiguous in every layout), then on batch elements, then on
+      positions. Large tiles give each program's cos/sin more elements to serve; small ones
+      more programs to keep the memory system busy.
     - Interleaved pairs go through split/join of a [..., HALF, 2] tile, which costs registers:
-      4 heads x 1 position did best.
-    - thd (heads are the loop axis there): 4 tokens per program did best.
-    The batch is split across programs only as far as needed to give every SM a few programs,
-    so that the cos/sin reuse over the batch stays as large as possible.
+      they get half the budget.
+    On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
-    sm_count = None
-    if device.type == "cuda":
-        if device not in _SM_COUNT:
-            _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        sm_count = _SM_COUNT[device]
+    on_gpu = device.type == "cuda"
     # A new dict each call: the cached tuple stays untouched by callers that edit it.
-    return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size,
-                        interleaved, is_thd))
+    return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
+                        interleaved, is_thd, tensor_format))
+
+
+TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
 
 
 @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
-def _config(seq_rows, batch, heads, head_dim, rotary_dim, sm_count, element_size, interleaved,
-            is_thd):
+def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, interleaved,
+            is_thd, tensor_format="sbhd"):
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
-    if is_thd:
-        block_h, block_s = 1, min(_next_pow2(seq_rows), 4)
+    if not on_gpu:  # the interpreter pays per program: few, large tiles
+        rows = max(1, 16384 // width)
+        head_share = rows
     elif interleaved:
-        block_h, block_s = min(_next_pow2(heads), 4), 1
+        rows = max(1, 1024 // (width * element_size))
+        head_share = rows
+    elif is_thd:
+        rows = max(1, 2 * TILE_BYTES // (width * element_size))
+        head_share = rows // 2
+    elif tensor_format == "bshd":
+        # Positions are contiguous in bshd: a tile of few heads and up to 8 positions did best.
+        rows = max(1, TILE_BYTES // (width * element_size))
+        head_share = 4
     else:
-        # About 4 KB of input per batch step; with a batch of 1 or 2 there is little to reuse
-        # each program's cos/sin over, and a tile twice as large (16 heads) did better.
-        small_batch = batch <= 2
-        block_h = min(_next_pow2(heads), 16 if small_batch else 8)
-        tile_bytes = 8192 if small_batch else 4096
-        block_s = min(_next_pow2(seq_rows),
-                      _floor_pow2((tile_bytes // element_size) // (width * block_h)))
-    tiles = triton.cdiv(seq_rows, block_s) * triton.cdiv(heads, block_h)
-    if sm_count is not None:
-        chunks = max(1, min(batch, triton.cdiv(4 * sm_count, max(1, tiles))))
-    else:  # the interpreter pays per program: keep them few and large
-        block_s = min(_next_pow2(seq_rows), _floor_pow2(16384 // (width * block_h)))
-        chunks = 1
-    return (("block_s", block_s), ("block_h", block_h),
-            ("batch_per_program", triton.cdiv(batch, chunks)), ("num_warps", 4))
+        rows = max(1, TILE_BYTES // (width * element_size))
+        head_share = rows // 2  # leave room for at least two positions or batch elements
+    # (position, batch element, head) rows of head_dim channels per tile: heads first (a run of
+    # heads is contiguous in every layout), then positions, then batch elements.
+    block_h = min(_next_pow2(max(1, heads)), _floor_pow2(max(1, head_share)))
+    rows = max(1, rows // block_h)
+    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows), 8 if on_gpu else rows)
+    rows = max(1, rows // block_s)
+    block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
+    # sbhd: batch blocks fastest over the whole batch (memory order). bshd: in pairs, so that
+    # side-by-side programs touch two batch elements' memory, not all of them at once.
+    group_b = 2 if tensor_format == "bshd" else max(1, triton.cdiv(batch, block_b))
+    num_warps = 1 if interleaved and on_gpu else 4
+    return (("block_s", block_s), ("block_b", block_b), ("block_h", block_h),
+            ("group_b", group_b), ("num_warps", num_warps))
 
 
 class _Plan:
@@ -357,22 +388,37 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                          f"got {rotary_dim}")
     is_thd = tensor_format == "thd"
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
-                         t.element_size(), bool(interleaved), is_thd)
+                         t.element_size(), bool(interleaved), is_thd, tensor_format)
+    # SFU cos/sin where the output's rounding hides their error; libdevice's for float32, and in
+    # the interpreter (which cannot run inline PTX) and on AMD GPUs.
+    cfg["fast_trig"] = (not INTERPRETED and t.dtype != torch.float32
+                        and t.device.type == "cuda" and torch.version.hip is None)
     if config:
+        unknown = set(config) - set(cfg)
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}; known: {sorted(cfg)}")
         cfg.update(config)
+        for name in ("block_s", "block_b", "block_h", "num_warps"):
+            v = cfg[name]
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"config[{name!r}] must be a positive power of two, got {v!r}")
+        if not isinstance(cfg["group_b"], int) or cfg["group_b"] < 1:
+            raise ValueError(f"config['group_b'] must be a positive int, got {cfg['group_b']!r}")
+    if start_positions is not None and not is_thd:
+        cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
                 _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1
-    grid = (
-        triton.cdiv(seq_rows, cfg["block_s"]),
-        triton.cdiv(heads, cfg["block_h"]),
-        triton.cdiv(batch, cfg["batch_per_program"]),
-    )
+    s_blocks = triton.cdiv(seq_rows, cfg["block_s"])
+    b_blocks = triton.cdiv(batch, cfg["block_b"])
+    h_blocks = triton.cdiv(heads, cfg["block_h"])
+    group_b = min(cfg["group_b"], b_blocks)
+    grid = (s_blocks * h_blocks * triton.cdiv(b_blocks, group_b) * group_b, 1, 1)
     scalars = (seq_rows, batch, heads, rotary_dim, head_dim, *x_strides, *o_strides,
                freqs.stride(0), freqs.stride(-1),
                n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
-               cfg["batch_per_program"])
+               h_blocks, s_blocks, group_b)
     constexprs = dict(
         IS_THD=is_thd,
         HAS_START=start_positions is not None,
@@ -380,7 +426,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         INTERLEAVED=bool(interleaved),
         BACKWARD=bool(backward),
         INT64=int64,
+        FAST_TRIG=bool(cfg["fast_trig"]),
         BLOCK_S=cfg["block_s"],
+        BLOCK_B=cfg["block_b"],
         BLOCK_H=cfg["block_h"],
         HALF=_next_pow2(rotary_dim // 2),
         PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
@@ -456,8 +504,10 @@ def rope_2d(
         backward: apply R(-theta) instead of R(theta): the gradient of the forward.
         out: optional output tensor of ``t``'s shape, dtype and device (any strides); ``out=t``
             rotates in place.
-        config: optional override of ``default_config`` (block_s, block_h, batch_per_program,
-            num_warps).
+        config: optional override of ``default_config``: ``block_s``, ``block_b``, ``block_h``,
+            ``num_warps`` (powers of two) and ``fast_trig`` (SFU cos/sin, NVIDIA GPUs only).
+            With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
+            own angles.
 
     This launcher checks only what it needs to launch safely; ``rope_kernels.apply_rotary_pos_emb``
     validates values (table length, cu_seqlens) too.

@@ -79,8 +79,9 @@ def rope_case(draw):
 
 @st.composite
 def launch_config(draw):
-    return dict(block_s=draw(st.sampled_from([1, 2, 4, 8])), block_h=draw(st.sampled_from([1, 2, 4])),
-                batch_per_program=draw(st.integers(1, 3)), num_warps=4)
+    return dict(block_s=draw(st.sampled_from([1, 2, 4, 8])), block_b=draw(st.sampled_from([1, 2, 4])),
+                block_h=draw(st.sampled_from([1, 2, 4])), group_b=draw(st.integers(1, 3)),
+                num_warps=4)
 
 
 @pytest.mark.parametrize("kernel", ["1d", "2d"])
