@@ -49,16 +49,15 @@ PROBLEMS = {
 
 
 def configs(p: Problem) -> list[dict]:
-    """Tiles of 4-32 KB of input (interleaved: 256 B - 4 KB for the split/join path, up to 16 KB
-    for the partner-load path), warps by tile size; for bshd each tile also with the batch
-    blocks in one group (all of them side by side) and in groups of 2."""
+    """Tiles of 4-32 KB of input (interleaved: 256 B - 4 KB), warps by tile size; for bshd each
+    tile both with the batch blocks in one group (all of them side by side) and in groups of 2."""
     (rows, batch, heads, head_dim), _ = r2._canonical(p.t, p.tensor_format)
     half = r2._next_pow2(p.rotary_dim // 2)
     width = 2 * half + (r2._next_pow2(head_dim - p.rotary_dim) if head_dim > p.rotary_dim else 0)
     nh, nb = r2._next_pow2(heads), r2._next_pow2(batch)
     out = []
-    for flat in ((False, True) if p.interleaved else (False,)):
-        lo, hi = (256, 4096) if p.interleaved and not flat else (4096, 32768 if not flat else 16384)
+    for _ in (0,):
+        lo, hi = (256, 4096) if p.interleaved else (4096, 32768)
         for bh in sorted({nh, nh // 2, nh // 4, 1, 2, 4, 8, 16} & set(range(1, nh + 1))):
             for bb in (1, 2, 4):
                 if bb > nb:
@@ -71,10 +70,8 @@ def configs(p: Problem) -> list[dict]:
                     groups = (2, 1 << 20) if p.tensor_format == "bshd" else (1 << 20,)
                     for nw in warps:
                         for g in groups:
-                            cfg = dict(block_s=bs, block_b=bb, block_h=bh, num_warps=nw, group_b=g)
-                            if flat:
-                                cfg["il_flat"] = True
-                            out.append(cfg)
+                            out.append(dict(block_s=bs, block_b=bb, block_h=bh, num_warps=nw,
+                                            group_b=g))
     return out
 
 
@@ -125,10 +122,10 @@ def main():
         else:
             msg += f"  best {best[0]:.3f} {best[1]}"
         print(msg, f"[{time.time() - t0:.0f} s]", flush=True)
-    with open(args.out / "tile_sweep.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        with open(args.out / "tile_sweep.csv", "w", newline="") as fh:  # after every problem
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -45,30 +45,28 @@ def _canonical_sizes(shape, fmt):
         b, s, h, d = shape
         return (s, b, h, d)
     n, h, d = shape
-    return (n, h, 1, d)
+    return (n, 1, h, d)
 
 
-@pytest.mark.parametrize("sm_count", [132, 114, 8])
+@pytest.mark.parametrize("on_gpu", [True, False])
 @pytest.mark.parametrize("shape,fmt,rotary_dim,esize,interleaved", SHAPES)
-def test_launch_plan_gpu_branch_matches_default_config(monkeypatch, sm_count, shape, fmt,
-                                                       rotary_dim, esize, interleaved):
-    # default_config reads the SM count from a per-device cache: seed it for a fake GPU, and
-    # call it past its lru_cache (if any), which would remember another test's SM count.
-    fake = torch.device("cuda", 7)
-    monkeypatch.setitem(k2._SM_COUNT, fake, sm_count)
-    default_config = getattr(k2.default_config, "__wrapped__", k2.default_config)
+def test_launch_plan_matches_default_config(on_gpu, shape, fmt, rotary_dim, esize, interleaved):
     s, b, h, d = _canonical_sizes(shape, fmt)
-    want = default_config(s, b, h, d, rotary_dim, fake, esize, interleaved, fmt == "thd")
-    grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, esize, interleaved, sm_count=sm_count)
+    device = torch.device("cuda", 7) if on_gpu else torch.device("cpu")  # only .type is read
+    want = k2.default_config(s, b, h, d, rotary_dim, device, esize, interleaved, fmt == "thd", fmt)
+    grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, esize, interleaved,
+                                sm_count=132 if on_gpu else None)
     assert cfg == want
-    assert grid == (math.ceil(s / want["block_s"]), math.ceil(h / want["block_h"]),
-                    math.ceil(b / want["batch_per_program"]))
+    b_blocks = math.ceil(b / want["block_b"])
+    group = min(want["group_b"], b_blocks)
+    assert grid == (math.ceil(s / want["block_s"]) * math.ceil(h / want["block_h"])
+                    * math.ceil(b_blocks / group) * group, 1, 1)
 
 
 def test_launch_plan_te_default_on_h200():
     grid, cfg = sol.launch_plan((4096, 16, 32, 128), "sbhd", 128, 2, sm_count=132)
-    assert (cfg["block_s"], cfg["block_h"], cfg["batch_per_program"]) == (2, 8, 16)
-    assert grid == (2048, 4, 1)
+    assert (cfg["block_s"], cfg["block_b"], cfg["block_h"]) == (2, 1, 16)
+    assert grid == (2048 * 2 * 16, 1, 1)
 
 
 @pytest.mark.parametrize("shape,fmt,rotary_dim,interleaved", [
@@ -99,21 +97,21 @@ def test_launch_plan_matches_the_launch(monkeypatch, shape, fmt, rotary_dim, int
     sm = torch.cuda.get_device_properties(DEVICE).multi_processor_count if ON_GPU else None
     plan_grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, 4, interleaved, sm_count=sm)
     assert grid == plan_grid
-    assert (kwargs["BLOCK_S"], kwargs["BLOCK_H"], kwargs["num_warps"]) == (
-        cfg["block_s"], cfg["block_h"], cfg["num_warps"])
+    assert (kwargs["BLOCK_S"], kwargs["BLOCK_B"], kwargs["BLOCK_H"], kwargs["num_warps"]) == (
+        cfg["block_s"], cfg["block_b"], cfg["block_h"], cfg["num_warps"])
 
 
 # ---------------------------------------------------------------- exercise 2: check_config
 
 
 @pytest.mark.parametrize("config,kw", [
-    (dict(block_s=4, block_h=2, batch_per_program=2), {}),                      # all partial
-    (dict(block_s=1, block_h=8, batch_per_program=1), {}),
-    (dict(block_s=8, block_h=1, batch_per_program=3), {"rotary_dim": 24}),
-    (dict(block_s=2, block_h=4, batch_per_program=2), {"rotary_dim": 24, "interleaved": True}),
-    (dict(block_s=4, block_h=2, batch_per_program=2),
+    (dict(block_s=4, block_b=2, block_h=2), {}),                      # all partial
+    (dict(block_s=1, block_b=1, block_h=8), {}),
+    (dict(block_s=8, block_b=4, block_h=1, group_b=3), {"rotary_dim": 24}),
+    (dict(block_s=2, block_b=2, block_h=4), {"rotary_dim": 24, "interleaved": True}),
+    (dict(block_s=4, block_b=2, block_h=2),
      {"shape": (3, 7, 5, 10), "tensor_format": "bshd", "rotary_dim": 6}),
-    (dict(block_s=2, block_h=2, batch_per_program=2), {"dtype": torch.bfloat16}),
+    (dict(block_s=2, block_b=2, block_h=2), {"dtype": torch.bfloat16}),
 ])
 def test_check_config_passes_for_the_real_kernel(config, kw):
     res = sol.check_config(config, device=DEVICE, **kw)
@@ -125,7 +123,7 @@ def test_check_config_catches_a_missing_write():
         rope_2d(t, freqs, fmt, out=out, interleaved=interleaved, config=config)
         out[-1, -1, -1, 0] = float("nan")  # one element never written
         return out
-    res = sol.check_config(dict(block_s=4, block_h=2, batch_per_program=2), device=DEVICE,
+    res = sol.check_config(dict(block_s=4, block_b=2, block_h=2), device=DEVICE,
                            launcher=lazy)
     assert not res["all_written"] and not res["ok"]
 
@@ -135,14 +133,14 @@ def test_check_config_catches_a_stray_write_and_a_wrong_value():
         rope_2d(t, freqs, fmt, out=out, interleaved=interleaved, config=config)
         torch.as_strided(out, (1,), (1,), out.storage_offset() + out.numel()).fill_(0.0)
         return out
-    res = sol.check_config(dict(block_s=4, block_h=2, batch_per_program=2), device=DEVICE,
+    res = sol.check_config(dict(block_s=4, block_b=2, block_h=2), device=DEVICE,
                            launcher=stray)
     assert res["all_written"] and not res["margins_clean"] and not res["ok"]
 
     def wrong(t, freqs, fmt, out=None, interleaved=False, config=None):
         out.copy_(t)  # no rotation at all
         return out
-    res = sol.check_config(dict(block_s=4, block_h=2, batch_per_program=2), device=DEVICE,
+    res = sol.check_config(dict(block_s=4, block_b=2, block_h=2), device=DEVICE,
                            launcher=wrong)
     assert res["all_written"] and res["margins_clean"] and not res["within_tol"]
     assert not res["ok"] and res["max_abs_err"] > 0.1

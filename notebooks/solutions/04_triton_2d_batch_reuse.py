@@ -39,58 +39,59 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
 
     Mirrors ``rope_kernels.rope_2d.default_config`` and the grid formula of ``rope_2d``:
 
-    * the input is first seen as ``[seq_rows, batch, heads, d]``; for thd (``[tokens, h, d]``)
-      the heads take the place of the batch (they are the loop axis), so ``heads = 1``;
-    * tile (``block_s`` positions x ``block_h`` heads, lengths rounded up to powers of two):
-      thd ``min(4, tokens) x 1``; interleaved ``1 x min(4, heads)``; otherwise ``min(8, heads)``
-      heads and as many positions (a power of two) as fit in about 4 KB of input per batch
-      step, or ``min(16, heads)`` heads and 8 KB when the batch is 1 or 2;
-    * on a GPU (``sm_count`` given) the batch is cut into as few chunks as give every SM about
-      four programs; in the interpreter (``sm_count=None``) there is one chunk and the tile
-      covers up to 16384 channels, because the interpreter pays per program.
+    * the input is first seen as ``[seq_rows, batch, heads, d]``; thd (``[tokens, h, d]``) is a
+      batch of one;
+    * a tile of ``block_s`` positions x ``block_b`` batch elements x ``block_h`` heads (powers of
+      two) holds about 8 KB of input on a GPU (16 KB for thd, 1 KB for interleaved pairs): heads
+      first (at most half the rows; 4 for bshd), then up to 8 positions, then batch elements;
+    * ``group_b``: 2 for bshd, else every batch block; 4 warps (1 for interleaved);
+    * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
-    Args:
-        shape: the tensor's shape in ``tensor_format`` (``[s, b, h, d]``, ``[b, s, h, d]`` or
-            ``[tokens, h, d]``).
-        rotary_dim: rotated channels (default: all of ``d``).
-        element_size: bytes per element of the tensor (2 for bf16/fp16, 4 for fp32).
-        sm_count: streaming multiprocessors of the GPU, or None for the interpreter.
+    ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
 
-    Returns ``(grid, config)``: ``grid`` a 3-tuple (sequence blocks, head blocks, batch chunks),
-    ``config`` a dict with ``block_s``, ``block_h``, ``batch_per_program`` and ``num_warps``.
+    Returns ``(grid, config)``: ``grid`` = ``(programs, 1, 1)`` (a 1-D grid), ``config`` a dict with
+    ``block_s``, ``block_b``, ``block_h``, ``group_b`` and ``num_warps``.
     """
     if tensor_format == "sbhd":
         seq_rows, batch, heads, d = shape
     elif tensor_format == "bshd":
         batch, seq_rows, heads, d = shape
     elif tensor_format == "thd":
-        seq_rows, batch, d = shape  # heads become the loop ("batch") axis
-        heads = 1
+        seq_rows, heads, d = shape
+        batch = 1
     else:
         raise ValueError(f"unknown tensor_format {tensor_format!r}")
     rotary_dim = d if rotary_dim is None else rotary_dim
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(d - rotary_dim) if d > rotary_dim else 0)
-    if tensor_format == "thd":
-        block_h, block_s = 1, min(_next_pow2(seq_rows), 4)
+    on_gpu = sm_count is not None
+    if not on_gpu:
+        rows = max(1, 16384 // width)
+        head_share = rows
     elif interleaved:
-        block_h, block_s = min(_next_pow2(heads), 4), 1
+        rows = max(1, 1024 // (width * element_size))
+        head_share = rows
+    elif tensor_format == "thd":
+        rows = max(1, 16384 // (width * element_size))
+        head_share = rows // 2
+    elif tensor_format == "bshd":
+        rows = max(1, 8192 // (width * element_size))
+        head_share = 4
     else:
-        small_batch = batch <= 2
-        block_h = min(_next_pow2(heads), 16 if small_batch else 8)
-        tile_bytes = 8192 if small_batch else 4096
-        block_s = min(_next_pow2(seq_rows), _floor_pow2((tile_bytes // element_size) // (width * block_h)))
-    tiles = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h)
-    if sm_count is not None:
-        chunks = max(1, min(batch, _cdiv(4 * sm_count, max(1, tiles))))
-    else:
-        block_s = min(_next_pow2(seq_rows), _floor_pow2(16384 // (width * block_h)))
-        chunks = 1
-    config = dict(block_s=block_s, block_h=block_h, batch_per_program=_cdiv(batch, chunks),
-                  num_warps=4)
-    grid = (_cdiv(seq_rows, block_s), _cdiv(heads, block_h),
-            _cdiv(batch, config["batch_per_program"]))
-    return grid, config
+        rows = max(1, 8192 // (width * element_size))
+        head_share = rows // 2
+    block_h = min(_next_pow2(max(1, heads)), _floor_pow2(max(1, head_share)))
+    rows = max(1, rows // block_h)
+    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows), 8 if on_gpu else rows)
+    rows = max(1, rows // block_s)
+    block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
+    b_blocks = _cdiv(batch, block_b)
+    group_b = 2 if tensor_format == "bshd" else max(1, b_blocks)
+    config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
+                  num_warps=1 if interleaved and on_gpu else 4)
+    group = min(group_b, b_blocks)
+    programs = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h) * _cdiv(b_blocks, group) * group
+    return (programs, 1, 1), config
 
 
 def check_config(config: dict, shape=(7, 3, 5, 24), tensor_format: str = "sbhd",
@@ -107,8 +108,8 @@ def check_config(config: dict, shape=(7, 3, 5, 24), tensor_format: str = "sbhd",
     the package's tests.
 
     Args:
-        config: tile for ``rope_2d(..., config=config)``, e.g. ``dict(block_s=4, block_h=2,
-            batch_per_program=2)``; pick sizes that do not divide the shape, to get partial tiles.
+        config: tile for ``rope_2d(..., config=config)``, e.g. ``dict(block_s=4, block_b=2,
+            block_h=2)``; pick sizes that do not divide the shape, to get partial tiles.
         shape, tensor_format, rotary_dim, interleaved, dtype: the problem (keep it tiny on CPU).
         launcher: what to run, called as ``launcher(t, freqs, tensor_format, out=...,
             interleaved=..., config=...)``; default ``rope_kernels.rope_2d``.
