@@ -298,23 +298,23 @@ def _max_offset(sizes, strides) -> int:
 
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
                    device: torch.device, element_size: int = 2, interleaved: bool = False,
-                   is_thd: bool = False, tensor_format: str = "sbhd") -> dict:
-    """Tile shape and warps: a heuristic from the tile sweep on an H200 (scripts/probe_s4.py,
-    shown in notebook 04). Returns ``block_s`` positions x ``block_b`` batch elements x
-    ``block_h`` heads (powers of two) and ``num_warps``.
+                   tensor_format: str = "sbhd") -> dict:
+    """Tile shape, program order and warps: a heuristic from the tile sweep on an H200
+    (scripts/tile_sweep.py, shown in notebook 04). Returns ``block_s`` positions x ``block_b``
+    batch elements x ``block_h`` heads (powers of two), ``group_b`` and ``num_warps``.
 
-    - A tile holds about TILE_BYTES of input, spent first on heads (all of them, up to the
-      budget: a row of heads is contiguous in every layout), then on batch elements, then on
-      positions. Large tiles give each program's cos/sin more elements to serve; small ones
-      more programs to keep the memory system busy.
-    - Interleaved pairs go through split/join of a [..., HALF, 2] tile, which costs registers:
-      they get half the budget.
+    - A tile holds about TILE_BYTES of input (thd: twice that; interleaved pairs, whose
+      split/join of a [..., HALF, 2] tile costs registers: 1 KB), spent first on heads (at most
+      half the rows; 4 in bshd, where positions are contiguous), then on up to 8 positions, then
+      on batch elements.
+    - ``group_b``: the batch blocks that run side by side, all of them for sbhd (memory order),
+      two for bshd.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
     # A new dict each call: the cached tuple stays untouched by callers that edit it.
     return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
-                        interleaved, is_thd, tensor_format))
+                        interleaved, tensor_format))
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
@@ -322,7 +322,7 @@ TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
 
 @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
 def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, interleaved,
-            is_thd, tensor_format="sbhd"):
+            tensor_format):
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
     if not on_gpu:  # the interpreter pays per program: few, large tiles
@@ -331,7 +331,7 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
     elif interleaved:
         rows = max(1, 1024 // (width * element_size))
         head_share = rows
-    elif is_thd:
+    elif tensor_format == "thd":
         rows = max(1, 2 * TILE_BYTES // (width * element_size))
         head_share = rows // 2
     elif tensor_format == "bshd":
@@ -388,7 +388,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                          f"got {rotary_dim}")
     is_thd = tensor_format == "thd"
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
-                         t.element_size(), bool(interleaved), is_thd, tensor_format)
+                         t.element_size(), bool(interleaved), tensor_format)
     # SFU cos/sin where the output's rounding hides their error; libdevice's for float32, and in
     # the interpreter (which cannot run inline PTX) and on AMD GPUs.
     cfg["fast_trig"] = (not INTERPRETED and t.dtype != torch.float32

@@ -28,23 +28,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from rope_kernels import apply_rotary_pos_emb, rope_2d  # noqa: E402
 from rope_kernels.bench import Problem, _liger, copy_bandwidth_gbps, time_ms, time_per_call_us  # noqa: E402
-from rope_kernels.rope_2d import _canonical, _next_pow2  # noqa: E402
+from rope_kernels.rope_2d import _canonical, _fast_sincos, _next_pow2  # noqa: E402
 
 r2 = importlib.import_module("rope_kernels.rope_2d")
-
-
-@triton.jit
-def _fast_sincos(x):
-    # x - 2*pi*k in two steps (6.28125 has 8 significant bits: k*6.28125 is exact), then the
-    # MUFU approximations, accurate to ~2^-21 on [-pi, pi].
-    k = tl.floor(x * 0.15915494309189535 + 0.5)
-    r = tl.fma(k, -6.28125, x)
-    r = tl.fma(k, -0.0019353071795864769, r)
-    c = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
-                                  is_pure=True, pack=1)
-    s = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
-                                  is_pure=True, pack=1)
-    return c, s
 
 
 @triton.jit

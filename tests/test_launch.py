@@ -161,15 +161,16 @@ def test_out_must_match_t(bad, seed):
 
 @pytest.mark.parametrize("head_dim,rotary_dim", [(32, 8), (40, 8), (96, 64), (24, 12), (200, 100)])
 @pytest.mark.parametrize("element_size", [2, 4])
-@pytest.mark.parametrize("interleaved,is_thd", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("interleaved,tensor_format", [(False, "sbhd"), (False, "bshd"), (True, "sbhd"),
+                                                       (False, "thd")])
 @pytest.mark.parametrize("on_gpu", [False, True])
-def test_block_sizes_are_powers_of_two(head_dim, rotary_dim, element_size, interleaved, is_thd,
-                                       on_gpu):
+def test_block_sizes_are_powers_of_two(head_dim, rotary_dim, element_size, interleaved,
+                                       tensor_format, on_gpu):
     """Block sizes are tl.arange sizes: the compiler rejects anything but powers of two (the
     interpreter does not), e.g. for partial rotary with a head width that is not one."""
     for seq_rows, batch, heads in [(1, 1, 1), (7, 3, 5), (4096, 16, 32), (3, 300, 64)]:
         cfg = dict(r2._config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu,
-                              element_size, interleaved, is_thd))
+                              element_size, interleaved, tensor_format))
         for name in ("block_s", "block_b", "block_h", "num_warps"):
             assert cfg[name] >= 1 and cfg[name] & (cfg[name] - 1) == 0, f"{name}={cfg[name]}"
         # no block larger than its axis needs (rounded up to a power of two)
@@ -188,7 +189,7 @@ def test_1d_default_block_is_a_power_of_two(head_dim, rotary_dim, seed):
 def test_config_of_an_empty_launch(on_gpu):
     """Zero rows, batch or heads (an empty tensor) must still give valid block sizes."""
     for sizes in [(0, 1, 2, 2), (5, 0, 2, 8), (5, 2, 0, 8)]:
-        cfg = dict(r2._config(*sizes, sizes[3], on_gpu, 4, False, False))
+        cfg = dict(r2._config(*sizes, sizes[3], on_gpu, 4, False, "sbhd"))
         assert min(cfg.values()) >= 1
 
 

@@ -53,7 +53,7 @@ def _canonical_sizes(shape, fmt):
 def test_launch_plan_matches_default_config(on_gpu, shape, fmt, rotary_dim, esize, interleaved):
     s, b, h, d = _canonical_sizes(shape, fmt)
     device = torch.device("cuda", 7) if on_gpu else torch.device("cpu")  # only .type is read
-    want = k2.default_config(s, b, h, d, rotary_dim, device, esize, interleaved, fmt == "thd", fmt)
+    want = k2.default_config(s, b, h, d, rotary_dim, device, esize, interleaved, fmt)
     grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, esize, interleaved,
                                 sm_count=132 if on_gpu else None)
     assert cfg == want
