@@ -238,7 +238,9 @@ def rope_2d_kernel(
                      cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
     if HAS_START and not IS_THD:
         # Per-sequence offsets: the launcher gives such tiles a single batch element (BLOCK_B=1).
-        pos += tl.load(start_positions_ptr + pid_b)
+        # The last group of batch blocks may be padded (pid_b >= batch): such programs store
+        # nothing, and must not read past the end of start_positions either.
+        pos += tl.load(start_positions_ptr + pid_b, mask=pid_b < batch, other=0)
     if INT64:
         pos = pos.to(tl.int64)
     # The reuse: one cos/sin tile [BLOCK_S, HALF] per program, shared by all its batch elements

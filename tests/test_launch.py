@@ -200,3 +200,22 @@ def test_empty_input(fmt, shape):
     kw = {"cu_seqlens": torch.tensor([0, 0], dtype=torch.int32, device=DEVICE)} if fmt == "thd" else {}
     t = torch.empty(shape, device=DEVICE)
     assert rope_2d(t, emb, fmt, **kw).shape == t.shape
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+def test_padded_batch_group_with_start_positions(fmt, seed):
+    """With batch blocks in groups (bshd: pairs), an odd batch leaves padded programs in the last
+    group: they must store nothing and read no start position past the end. The element after
+    start_positions is a sentinel that an unmasked read would turn into an angle-table row about
+    8 GB past the table. (The hypothesis test hit that as an illegal memory access on the H200;
+    whether this test faults without the mask depends on what memory lies there.)"""
+    batch, seq, heads, d = 3, 5, 2, 16
+    emb = RotaryPositionEmbedding(d, device=DEVICE)(seq + 4)
+    shape = (seq, batch, heads, d) if fmt == "sbhd" else (batch, seq, heads, d)
+    t = randn(shape, torch.float32, seed)
+    buf = torch.tensor([1, 4, 0, 2**27 - 1], dtype=torch.int32, device=DEVICE)
+    starts = buf[:batch]
+    for config in (None, dict(block_b=1, group_b=2)):
+        out = rope_2d(t, emb, fmt, start_positions=starts, config=config)
+        ref = rope_reference(t.double(), emb, fmt, start_positions=starts)
+        assert_rope_close(out, ref, torch.float32)
