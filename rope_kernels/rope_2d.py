@@ -130,6 +130,48 @@ def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.
     return cos1, sin1, cos2, sin2
 
 
+@triton.jit
+def _as_words(ptr):
+    """``ptr`` seen as one word per pair of elements: uint32 for 16-bit dtypes, uint64 for 32-bit."""
+    if ptr.dtype.element_ty.primitive_bitwidth == 16:
+        return ptr.to(tl.pointer_type(tl.uint32))
+    else:
+        return ptr.to(tl.pointer_type(tl.uint64))
+
+
+@triton.jit
+def _load_pairs(ptr, offsets, mask):
+    """Interleaved pairs (x[2j], x[2j+1]) as float32, from one word load per pair (``offsets``
+    count words). Little-endian: x[2j] is the low half of the word."""
+    elem = ptr.dtype.element_ty
+    w = tl.load(_as_words(ptr) + offsets, mask=mask)
+    if elem == tl.bfloat16:
+        # A bfloat16 is the top half of the float32 with the same value: shifts, no conversion.
+        x1 = (w << 16).to(tl.float32, bitcast=True)
+        x2 = ((w >> 16) << 16).to(tl.float32, bitcast=True)
+    elif elem == tl.float16:
+        x1 = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        x2 = (w >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        x1 = (w & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        x2 = (w >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    return x1, x2
+
+
+@triton.jit
+def _store_pairs(ptr, offsets, y1, y2, mask):
+    """Store float32 ``y1``, ``y2`` as the interleaved pairs (out[2j], out[2j+1]), one word each."""
+    elem = ptr.dtype.element_ty
+    if elem.primitive_bitwidth == 16:
+        lo = y1.to(elem).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi = y2.to(elem).to(tl.uint16, bitcast=True).to(tl.uint32)
+        tl.store(_as_words(ptr) + offsets, lo | (hi << 16), mask=mask)
+    else:
+        lo = y1.to(tl.uint32, bitcast=True).to(tl.uint64)
+        hi = y2.to(tl.uint32, bitcast=True).to(tl.uint64)
+        tl.store(_as_words(ptr) + offsets, lo | (hi << 32), mask=mask)
+
+
 # Sizes and counts are not specialised (fewer recompilations); strides and channel counts are,
 # because stride == 1 and multiples of 16 are what let Triton vectorise loads and stores.
 @triton.jit(do_not_specialize=["seq_len", "batch", "heads", "n_seqs", "search_steps", "cp_size",
@@ -166,6 +208,7 @@ def rope_2d_kernel(
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    PAIRS_AS_WORDS: tl.constexpr,  # interleaved pairs read as one word each; strides in words
     BACKWARD: tl.constexpr,
     INT64: tl.constexpr,  # 64-bit offsets, for tensors past 2**31 elements
     FAST_TRIG: tl.constexpr,  # SFU cos/sin (16-bit outputs on NVIDIA GPUs), else libdevice
@@ -218,9 +261,16 @@ def rope_2d_kernel(
 
     # Every load of x is issued first, the angle table's after: the table load and the cos/sin
     # arithmetic then overlap the latency of the x loads instead of adding to it.
-    if INTERLEAVED:
-        # Pairs are adjacent channels: load each row contiguously as [..., HALF, 2] (wide,
-        # coalesced loads) and split it, rather than two stride-2 gathers.
+    if PAIRS_AS_WORDS:
+        # Interleaved pairs are adjacent channels: with the last axis contiguous and everything
+        # else even, pair j of a row is word j of it. One word load per pair, as wide and
+        # coalesced as the half-split loads, and no shuffling of registers.
+        if INT64:
+            j = j.to(tl.int64)
+        x1, x2 = _load_pairs(x_ptr, x_sbh + j[None, None, :], mask)
+    elif INTERLEAVED:
+        # Other interleaved layouts: load each row as [..., HALF, 2] (wide, coalesced loads)
+        # and split it, rather than two stride-2 gathers. The split costs registers.
         c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
         mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
         x12 = tl.load(x_ptr + x_sbh[:, :, :, None] + c12 * x_stride_d, mask=mask12)
@@ -228,11 +278,20 @@ def rope_2d_kernel(
         x1 = tl.load(x_ptr + x_sbh + c1[None, None, :] * x_stride_d, mask=mask)
         x2 = tl.load(x_ptr + x_sbh + c2[None, None, :] * x_stride_d, mask=mask)
     if PASS > 0:
-        p = rotary_dim + tl.arange(0, PASS)
+        # Channels past rotary_dim are copied (as words too when pairs are words).
+        if PAIRS_AS_WORDS:
+            p = rotary_dim // 2 + tl.arange(0, PASS)
+            p_end = head_dim // 2
+        else:
+            p = rotary_dim + tl.arange(0, PASS)
+            p_end = head_dim
         if INT64:
             p = p.to(tl.int64)
-        p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < head_dim)[None, None, :]
-        xp = tl.load(x_ptr + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
+        p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < p_end)[None, None, :]
+        if PAIRS_AS_WORDS:
+            xp = tl.load(_as_words(x_ptr) + x_sbh + p[None, None, :], mask=p_mask)
+        else:
+            xp = tl.load(x_ptr + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
 
     pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
                      cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
@@ -249,14 +308,16 @@ def rope_2d_kernel(
     cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
                                       f_stride_s, f_stride_d, sj_mask, BACKWARD, FAST_TRIG)
 
-    if INTERLEAVED:
+    if INTERLEAVED and not PAIRS_AS_WORDS:
         x1, x2 = tl.split(x12.to(tl.float32))
     else:
         x1 = x1.to(tl.float32)
         x2 = x2.to(tl.float32)
     y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
     y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-    if INTERLEAVED:
+    if PAIRS_AS_WORDS:
+        _store_pairs(out_ptr, o_sbh + j[None, None, :], y1, y2, mask)
+    elif INTERLEAVED:
         y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + o_sbh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
     else:
@@ -265,7 +326,10 @@ def rope_2d_kernel(
         tl.store(out_ptr + o_sbh + c2[None, None, :] * o_stride_d,
                  y2.to(out_ptr.dtype.element_ty), mask=mask)
     if PASS > 0:
-        tl.store(out_ptr + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
+        if PAIRS_AS_WORDS:
+            tl.store(_as_words(out_ptr) + o_sbh + p[None, None, :], xp, mask=p_mask)
+        else:
+            tl.store(out_ptr + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
@@ -300,15 +364,18 @@ def _max_offset(sizes, strides) -> int:
 
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
                    device: torch.device, element_size: int = 2, interleaved: bool = False,
-                   tensor_format: str = "sbhd") -> dict:
+                   tensor_format: str = "sbhd", pairs_as_words: bool = True) -> dict:
     """Tile shape, program order and warps: a heuristic from the tile sweep on an H200
     (scripts/tile_sweep.py, shown in notebook 04). Returns ``block_s`` positions x ``block_b``
     batch elements x ``block_h`` heads (powers of two), ``group_b`` and ``num_warps``.
 
-    - A tile holds about TILE_BYTES of input (thd: twice that; interleaved pairs, whose
-      split/join of a [..., HALF, 2] tile costs registers: 1 KB), spent first on heads (at most
+    - A tile holds about TILE_BYTES of input (thd: twice that), spent first on heads (at most
       half the rows; 4 in bshd, where positions are contiguous), then on up to 8 positions, then
-      on batch elements.
+      on batch elements. Interleaved pairs are read one word per pair (``pairs_as_words``) and
+      tiled like half-split ones; layouts that do not allow it (last axis not contiguous, odd
+      strides or offsets) split a [..., HALF, 2] tile, which costs registers: 1 KB tiles.
+    - bshd rows (one position of one batch element, all heads) of at most 4 KB, as at 16 heads
+      or head_dim 64 in bf16, are tiled whole: 4 KB tiles of one batch element, 2 warps.
     - ``group_b``: the batch blocks that run side by side, all of them for sbhd (memory order),
       two for bshd.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
@@ -316,21 +383,22 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     on_gpu = device.type == "cuda"
     # A new dict each call: the cached tuple stays untouched by callers that edit it.
     return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
-                        interleaved, tensor_format))
+                        interleaved and not pairs_as_words, tensor_format))
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
+SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole
 
 
 @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
-def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, interleaved,
+def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, split_pairs,
             tensor_format):
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
     if not on_gpu:  # the interpreter pays per program: few, large tiles
         rows = max(1, 16384 // width)
         head_share = rows
-    elif interleaved:
+    elif split_pairs:
         rows = max(1, 1024 // (width * element_size))
         head_share = rows
     elif tensor_format == "thd":
@@ -343,17 +411,25 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
     else:
         rows = max(1, TILE_BYTES // (width * element_size))
         head_share = rows // 2  # leave room for at least two positions or batch elements
+    num_warps = 1 if split_pairs and on_gpu else 4
+    row_bytes = _next_pow2(max(1, heads)) * width * element_size
+    if on_gpu and not split_pairs and tensor_format == "bshd" and row_bytes <= SMALL_ROW_BYTES:
+        # Small bshd rows: whole rows of one batch element (contiguous memory), 4 KB and 2 warps
+        # a tile. Half-row tiles or 4 warps lost 3-12% in the sweep (16 heads, head_dim 64).
+        rows = SMALL_ROW_BYTES // (width * element_size)
+        head_share = _next_pow2(max(1, heads))
+        num_warps = 2
     # (position, batch element, head) rows of head_dim channels per tile: heads first (a run of
     # heads is contiguous in every layout), then positions, then batch elements.
     block_h = min(_next_pow2(max(1, heads)), _floor_pow2(max(1, head_share)))
     rows = max(1, rows // block_h)
-    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows), 8 if on_gpu else rows)
+    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows),
+                  8 if on_gpu and num_warps != 2 else rows)
     rows = max(1, rows // block_s)
     block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
     # sbhd: batch blocks fastest over the whole batch (memory order). bshd: in pairs, so that
     # side-by-side programs touch two batch elements' memory, not all of them at once.
     group_b = 2 if tensor_format == "bshd" else max(1, triton.cdiv(batch, block_b))
-    num_warps = 1 if interleaved and on_gpu else 4
     return (("block_s", block_s), ("block_b", block_b), ("block_h", block_h),
             ("group_b", group_b), ("num_warps", num_warps))
 
@@ -380,8 +456,17 @@ _MAX_PLANS = 4096
 THIN_LAUNCH = True
 
 
+def _pairs_as_words(*tensors: torch.Tensor) -> bool:
+    """True when the interleaved pairs (2j, 2j+1) of every tensor can be read as one word each:
+    last axis contiguous and of even length, every other stride and the address even in
+    elements."""
+    return all(a.stride(-1) == 1 and a.shape[-1] % 2 == 0
+               and all(st % 2 == 0 for n, st in zip(a.shape[:-1], a.stride()[:-1]) if n > 1)
+               and a.data_ptr() % (2 * a.element_size()) == 0 for a in tensors)
+
+
 def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved, cp_size,
-               cp_rank, backward, config) -> _Plan:
+               cp_rank, backward, config, pairs_as_words=False) -> _Plan:
     (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
     _, o_strides = _canonical(out, tensor_format)
     rotary_dim = freqs.shape[-1]
@@ -390,7 +475,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                          f"got {rotary_dim}")
     is_thd = tensor_format == "thd"
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
-                         t.element_size(), bool(interleaved), tensor_format)
+                         t.element_size(), bool(interleaved), tensor_format, pairs_as_words)
     # SFU cos/sin where the output's rounding hides their error; libdevice's for float32, and in
     # the interpreter (which cannot run inline PTX) and on AMD GPUs.
     cfg["fast_trig"] = (not INTERPRETED and t.dtype != torch.float32
@@ -417,6 +502,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     h_blocks = triton.cdiv(heads, cfg["block_h"])
     group_b = min(cfg["group_b"], b_blocks)
     grid = (s_blocks * h_blocks * triton.cdiv(b_blocks, group_b) * group_b, 1, 1)
+    if pairs_as_words:  # the kernel indexes words (pairs): halve the strides, the channel one is 1
+        x_strides = (*(st // 2 for st in x_strides[:3]), 1)
+        o_strides = (*(st // 2 for st in o_strides[:3]), 1)
     scalars = (seq_rows, batch, heads, rotary_dim, head_dim, *x_strides, *o_strides,
                freqs.stride(0), freqs.stride(-1),
                n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
@@ -426,6 +514,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         HAS_START=start_positions is not None,
         USE_CP=cp_size > 1,
         INTERLEAVED=bool(interleaved),
+        PAIRS_AS_WORDS=bool(pairs_as_words),
         BACKWARD=bool(backward),
         INT64=int64,
         FAST_TRIG=bool(cfg["fast_trig"]),
@@ -433,7 +522,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         BLOCK_B=cfg["block_b"],
         BLOCK_H=cfg["block_h"],
         HALF=_next_pow2(rotary_dim // 2),
-        PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
+        # Channels copied through (words of two when pairs are words).
+        PASS=(_next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
+              if head_dim > rotary_dim else 0),
     )
     return _Plan(grid, scalars, constexprs, cfg["num_warps"])
 
@@ -529,16 +620,19 @@ def rope_2d(
         _canonical(t, tensor_format)  # still reject an unknown tensor_format
         return out
     is_thd = tensor_format == "thd"
+    # Interleaved pairs are read one word per pair where the layout allows (this depends on the
+    # addresses too, so it is part of the key).
+    words = bool(interleaved) and _pairs_as_words(t, out)
     key = (tensor_format, t.shape, t.stride(), out.stride(), t.dtype, t.device, freqs.shape,
            freqs.stride(), freqs.dtype,
            (cu_seqlens.shape, cu_seqlens.dtype) if is_thd else None,
            None if start_positions is None else start_positions.dtype,
-           bool(interleaved), bool(backward), cp_size, cp_rank,
+           bool(interleaved), words, bool(backward), cp_size, cp_rank,
            tuple(sorted(config.items())) if config else None)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved,
-                          cp_size, cp_rank, backward, config)
+                          cp_size, cp_rank, backward, config, words)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan

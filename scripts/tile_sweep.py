@@ -43,21 +43,24 @@ PROBLEMS = {
     "bshd bf16 b1 h64 s2048": dict(tensor_format="bshd", batch=1, heads=64, seq_len=2048),
     "bshd bf16 b2 s8192": dict(tensor_format="bshd", batch=2, seq_len=8192),
     "sbhd bf16 interleaved": dict(tensor_format="sbhd", interleaved=True),
+    "bshd bf16 interleaved": dict(tensor_format="bshd", interleaved=True),
+    "sbhd fp32 interleaved": dict(tensor_format="sbhd", dtype="fp32", interleaved=True),
     "thd bf16 256 seqs": dict(tensor_format="thd", n_seqs=256),
     "thd bf16 4096 seqs": dict(tensor_format="thd", n_seqs=4096),
 }
 
 
 def configs(p: Problem) -> list[dict]:
-    """Tiles of 4-32 KB of input (interleaved: 256 B - 4 KB), warps by tile size; for bshd each
-    tile both with the batch blocks in one group (all of them side by side) and in groups of 2."""
+    """Tiles of 4-32 KB of input, warps by tile size; for bshd each tile both with the batch
+    blocks in one group (all of them side by side) and in groups of 2. (Interleaved pairs are
+    read one word per pair here, the inputs being contiguous, and tile like half-split ones.)"""
     (rows, batch, heads, head_dim), _ = r2._canonical(p.t, p.tensor_format)
     half = r2._next_pow2(p.rotary_dim // 2)
     width = 2 * half + (r2._next_pow2(head_dim - p.rotary_dim) if head_dim > p.rotary_dim else 0)
     nh, nb = r2._next_pow2(heads), r2._next_pow2(batch)
     out = []
     for _ in (0,):
-        lo, hi = (256, 4096) if p.interleaved else (4096, 32768)
+        lo, hi = 4096, 32768
         for bh in sorted({nh, nh // 2, nh // 4, 1, 2, 4, 8, 16} & set(range(1, nh + 1))):
             for bb in (1, 2, 4):
                 if bb > nb:
@@ -66,7 +69,7 @@ def configs(p: Problem) -> list[dict]:
                     tile = bs * bb * bh * width * p.t.element_size()
                     if not lo <= tile <= hi:
                         continue
-                    warps = (1, 2, 4) if tile <= 2048 else (4,) if tile <= 8192 else (4, 8) if tile <= 16384 else (8,)
+                    warps = (2, 4, 8) if tile <= 8192 else (4, 8) if tile <= 16384 else (8,)
                     groups = (2, 1 << 20) if p.tensor_format == "bshd" else (1 << 20,)
                     for nw in warps:
                         for g in groups:
@@ -115,6 +118,12 @@ def main():
                 continue
             f = rec(cfg, json.dumps(cfg), lambda: r2.rope_2d(p.t, p.freqs, config=cfg, **kw))
             best = max(best, (f, json.dumps(cfg)))
+        if liger is not None and liger(p, "forward") is not None:
+            # Liger rotates in place; ours too with out=t (on a copy: the values keep rotating).
+            t_in_place = p.t.clone()
+            f = rec(None, "default, in place",
+                    lambda: r2.rope_2d(t_in_place, p.freqs, out=t_in_place, **kw))
+            msg += f"  default in place {f:.3f}"
         if p.t.dtype != torch.float32 and best[1]:
             cfg = dict(json.loads(best[1]), fast_trig=False)
             f = rec(cfg, json.dumps(cfg), lambda: r2.rope_2d(p.t, p.freqs, config=cfg, **kw))

@@ -219,3 +219,45 @@ def test_padded_batch_group_with_start_positions(fmt, seed):
         out = rope_2d(t, emb, fmt, start_positions=starts, config=config)
         ref = rope_reference(t.double(), emb, fmt, start_positions=starts)
         assert_rope_close(out, ref, torch.float32)
+
+
+def _interleaved_layouts(dtype, seed):
+    """(name, t, out, pairs as words?) for interleaved rotation of [s, b, h, d] with d = 20 and
+    rotary_dim 12 (so 8 channels are copied through): the layouts that allow one word per pair
+    and those that fall back to splitting a [..., HALF, 2] tile."""
+    s, b, h, d = 5, 3, 4, 20
+    t = randn((s, b, h, d), dtype, seed)
+    flat = randn((t.numel() + 1,), dtype, seed + 1)
+    wide = randn((s, b, h, d + 1), dtype, seed + 2)
+    poison = lambda x: torch.full_like(x, float("nan"))  # noqa: E731
+    out_flat = torch.full((t.numel() + 1,), float("nan"), dtype=dtype, device=DEVICE)
+    return [
+        ("contiguous", t, poison(t), True),
+        ("heads transposed", t.transpose(1, 2).contiguous().transpose(1, 2), poison(t), True),
+        ("odd address of t", flat[1:].view(t.shape), poison(t), False),
+        ("odd address of out", t, out_flat[1:].view(t.shape), False),
+        ("odd head stride", wide[..., :d], poison(t), False),
+        ("channels strided", t.transpose(2, 3).contiguous().transpose(2, 3), poison(t), False),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backward", [False, True])
+def test_interleaved_pairs_as_words_and_fallback(dtype, backward, seed):
+    """Interleaved pairs are read as one 32-bit (64-bit for float32) word each when the layout
+    allows, and split from a [..., HALF, 2] tile otherwise. Both paths, with channels copied
+    through, against the float64 reference; the chosen path is checked too, so neither can be
+    silently lost."""
+    emb = RotaryPositionEmbedding(12, interleaved=True, device=DEVICE)(8)
+    for name, t, out, words in _interleaved_layouts(dtype, seed):
+        assert r2._pairs_as_words(t, out) is words, name
+        before = t.clone()
+        r2._PLANS.clear()  # so that the one plan left afterwards is this call's
+        rope_2d(t, emb, "sbhd", interleaved=True, backward=backward, out=out)
+        ref = rope_reference(t.double(), emb, "sbhd", interleaved=True)
+        if backward:  # R(-theta): the reference with the angles negated
+            ref = rope_reference(t.double(), -emb, "sbhd", interleaved=True)
+        assert_rope_close(out, ref, dtype, f"{name} ({'words' if words else 'split'})")
+        assert torch.equal(t, before), f"{name}: t was modified"
+        (plan,) = r2._PLANS.values()
+        assert plan.constexprs["PAIRS_AS_WORDS"] is words, name

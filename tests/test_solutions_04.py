@@ -35,6 +35,10 @@ SHAPES = [
     ((1, 2048, 64, 128), "bshd", 128, 2, False),    # batch 1: the 16-head tile
     ((8192, 2, 32, 128), "sbhd", 128, 4, False),    # batch 2, fp32
     ((12, 2, 3, 32), "sbhd", 8, 2, False),          # width 4 + 4 + 32 = 40: not a power of two
+    ((16, 4096, 16, 128), "bshd", 128, 2, False),   # 4 KB rows of all heads: tiled whole
+    ((16, 4096, 32, 64), "bshd", 64, 2, True),      # head_dim 64, interleaved
+    ((64, 1, 8, 128), "bshd", 128, 2, False),       # decode with 2 KB rows
+    ((16, 4096, 16, 128), "bshd", 128, 4, False),   # fp32: 8 KB rows, the usual tile
 ]
 
 

@@ -42,9 +42,12 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     * the input is first seen as ``[seq_rows, batch, heads, d]``; thd (``[tokens, h, d]``) is a
       batch of one;
     * a tile of ``block_s`` positions x ``block_b`` batch elements x ``block_h`` heads (powers of
-      two) holds about 8 KB of input on a GPU (16 KB for thd, 1 KB for interleaved pairs): heads
-      first (at most half the rows; 4 for bshd), then up to 8 positions, then batch elements;
-    * ``group_b``: 2 for bshd, else every batch block; 4 warps (1 for interleaved);
+      two) holds about 8 KB of input on a GPU (16 KB for thd): heads first (at most half the
+      rows; 4 for bshd), then up to 8 positions, then batch elements;
+    * bshd rows of all heads of at most 4 KB are tiled whole: 4 KB tiles, 2 warps;
+    * ``group_b``: 2 for bshd, else every batch block; 4 warps;
+    * interleaved pairs of a contiguous tensor are read one word per pair, so they tile like
+      half-split pairs (``interleaved`` changes nothing here);
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
     ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
@@ -68,9 +71,6 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     if not on_gpu:
         rows = max(1, 16384 // width)
         head_share = rows
-    elif interleaved:
-        rows = max(1, 1024 // (width * element_size))
-        head_share = rows
     elif tensor_format == "thd":
         rows = max(1, 16384 // (width * element_size))
         head_share = rows // 2
@@ -80,15 +80,21 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     else:
         rows = max(1, 8192 // (width * element_size))
         head_share = rows // 2
+    num_warps = 4
+    if on_gpu and tensor_format == "bshd" and _next_pow2(heads) * width * element_size <= 4096:
+        rows = 4096 // (width * element_size)  # whole rows of all heads
+        head_share = _next_pow2(heads)
+        num_warps = 2
     block_h = min(_next_pow2(max(1, heads)), _floor_pow2(max(1, head_share)))
     rows = max(1, rows // block_h)
-    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows), 8 if on_gpu else rows)
+    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows),
+                  8 if on_gpu and num_warps == 4 else rows)
     rows = max(1, rows // block_s)
     block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
     b_blocks = _cdiv(batch, block_b)
     group_b = 2 if tensor_format == "bshd" else max(1, b_blocks)
     config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
-                  num_warps=1 if interleaved and on_gpu else 4)
+                  num_warps=num_warps)
     group = min(group_b, b_blocks)
     programs = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h) * _cdiv(b_blocks, group) * group
     return (programs, 1, 1), config
