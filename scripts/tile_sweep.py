@@ -33,6 +33,7 @@ PROBLEMS = {
     "bshd bf16 default": dict(tensor_format="bshd"),
     "sbhd fp32 default": dict(tensor_format="sbhd", dtype="fp32"),
     "bshd fp32 default": dict(tensor_format="bshd", dtype="fp32"),
+    "bshd bf16 h8": dict(tensor_format="bshd", heads=8),
     "bshd bf16 h16": dict(tensor_format="bshd", heads=16),
     "bshd bf16 h64": dict(tensor_format="bshd", heads=64),
     "bshd bf16 b4": dict(tensor_format="bshd", batch=4),
