@@ -1,7 +1,8 @@
 """Session-5 probes on a GPU: registers of rope_2d's compiled kernels (and Liger's), and out of
-place vs in place at the bshd shapes where Liger (in place) led. Prints; writes nothing.
+place vs in place at the bshd shapes where Liger (in place) led; with ``rows``, whole-row tiles of
+bshd rows smaller than the tile sweep's 4 KB (8 and 4 heads) on 1-4 warps. Prints; writes nothing.
 
-    python scripts/probe_s5.py
+    python scripts/probe_s5.py [rows]
 """
 
 from __future__ import annotations
@@ -68,5 +69,27 @@ def main():
             print(f"{name:18s} Liger (in place) {f:.3f} regs/spills {regs}", flush=True)
 
 
+def small_rows():
+    copy = copy_bandwidth_gbps()
+    liger = _liger()
+    for heads in (8, 4):
+        p = Problem("bshd", heads=heads)
+        kw = p.kwargs()
+
+        def frac(fn):
+            return round(p.nbytes / time_ms(fn) / 1e6 / copy, 3)
+
+        dflt = r2.default_config(p.seq_len, p.batch, heads, p.head_dim, p.rotary_dim, p.t.device,
+                                 2, False, "bshd")
+        print(heads, "heads: default", dflt, frac(lambda: r2.rope_2d(p.t, p.freqs, **kw)))
+        if liger is not None:
+            print(heads, "heads: Liger", frac(liger(p, "forward")))
+        for bs, bb, w in [(1, 1, 1), (1, 1, 2), (2, 1, 1), (2, 1, 2), (2, 1, 4), (1, 2, 1),
+                          (1, 2, 2), (4, 1, 2), (4, 1, 4)]:
+            cfg = dict(block_s=bs, block_b=bb, block_h=heads, num_warps=w, group_b=2)
+            print(heads, "heads:", cfg, frac(lambda: r2.rope_2d(p.t, p.freqs, config=cfg, **kw)),
+                  flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    small_rows() if sys.argv[1:] == ["rows"] else main()
