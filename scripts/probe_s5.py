@@ -1,8 +1,10 @@
 """Session-5 probes on a GPU: registers of rope_2d's compiled kernels (and Liger's), and out of
 place vs in place at the bshd shapes where Liger (in place) led; with ``rows``, whole-row tiles of
-bshd rows smaller than the tile sweep's 4 KB (8 and 4 heads) on 1-4 warps. Prints; writes nothing.
+bshd rows smaller than the tile sweep's 4 KB (8 and 4 heads) on 1-4 warps; with ``copy``, the
+device copy's bandwidth at the sizes of the smaller benchmark shapes, as a fraction of the 2 GiB
+copy the benchmark uses as its ceiling. Prints; writes nothing.
 
-    python scripts/probe_s5.py [rows]
+    python scripts/probe_s5.py [rows | copy]
 """
 
 from __future__ import annotations
@@ -91,5 +93,14 @@ def small_rows():
                   flush=True)
 
 
+def copy_sizes():
+    ceiling = copy_bandwidth_gbps()
+    print(f"copy of 2 GiB -> 2 GiB (read + write counted): {ceiling:.0f} GB/s")
+    for mib in (32, 64, 128, 256, 512, 1024):
+        gbps = copy_bandwidth_gbps(mib * 1024**2)
+        print(f"copy of {mib:5d} MiB -> {mib:5d} MiB: {gbps:.0f} GB/s, {gbps / ceiling:.3f} of the "
+              "2 GiB copy", flush=True)
+
+
 if __name__ == "__main__":
-    small_rows() if sys.argv[1:] == ["rows"] else main()
+    {"rows": small_rows, "copy": copy_sizes}.get(sys.argv[1] if sys.argv[1:] else "", main)()
