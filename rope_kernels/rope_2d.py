@@ -259,14 +259,27 @@ def rope_2d_kernel(
     o_sbh = s_idx[:, None, None] * o_stride_s + (b_idx * o_stride_b + h_idx * o_stride_h)[None, :, None]
     mask = s_mask[:, None, None] & bh_mask[None, :, None] & j_mask[None, None, :]
 
+    if PAIRS_AS_WORDS:
+        # Interleaved pairs are adjacent channels: with the last axis contiguous and everything
+        # else even, pair j of a row is word j of it (the launcher passes strides in words, the
+        # channel stride 1). Channels copied through are then moved as words too.
+        x_base = _as_words(x_ptr)
+        o_base = _as_words(out_ptr)
+        rotary_units = rotary_dim // 2
+        head_units = head_dim // 2
+        if INT64:
+            j = j.to(tl.int64)
+    else:
+        x_base = x_ptr
+        o_base = out_ptr
+        rotary_units = rotary_dim
+        head_units = head_dim
+
     # Every load of x is issued first, the angle table's after: the table load and the cos/sin
     # arithmetic then overlap the latency of the x loads instead of adding to it.
     if PAIRS_AS_WORDS:
-        # Interleaved pairs are adjacent channels: with the last axis contiguous and everything
-        # else even, pair j of a row is word j of it. One word load per pair, as wide and
-        # coalesced as the half-split loads, and no shuffling of registers.
-        if INT64:
-            j = j.to(tl.int64)
+        # One word load per pair, as wide and coalesced as the half-split loads, and no
+        # shuffling of registers.
         x1, x2 = _load_pairs(x_ptr, x_sbh + j[None, None, :], mask)
     elif INTERLEAVED:
         # Other interleaved layouts: load each row as [..., HALF, 2] (wide, coalesced loads)
@@ -278,20 +291,11 @@ def rope_2d_kernel(
         x1 = tl.load(x_ptr + x_sbh + c1[None, None, :] * x_stride_d, mask=mask)
         x2 = tl.load(x_ptr + x_sbh + c2[None, None, :] * x_stride_d, mask=mask)
     if PASS > 0:
-        # Channels past rotary_dim are copied (as words too when pairs are words).
-        if PAIRS_AS_WORDS:
-            p = rotary_dim // 2 + tl.arange(0, PASS)
-            p_end = head_dim // 2
-        else:
-            p = rotary_dim + tl.arange(0, PASS)
-            p_end = head_dim
+        p = rotary_units + tl.arange(0, PASS)  # channels past rotary_dim, copied through
         if INT64:
             p = p.to(tl.int64)
-        p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < p_end)[None, None, :]
-        if PAIRS_AS_WORDS:
-            xp = tl.load(_as_words(x_ptr) + x_sbh + p[None, None, :], mask=p_mask)
-        else:
-            xp = tl.load(x_ptr + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
+        p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < head_units)[None, None, :]
+        xp = tl.load(x_base + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
 
     pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
                      cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
@@ -326,10 +330,7 @@ def rope_2d_kernel(
         tl.store(out_ptr + o_sbh + c2[None, None, :] * o_stride_d,
                  y2.to(out_ptr.dtype.element_ty), mask=mask)
     if PASS > 0:
-        if PAIRS_AS_WORDS:
-            tl.store(_as_words(out_ptr) + o_sbh + p[None, None, :], xp, mask=p_mask)
-        else:
-            tl.store(out_ptr + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
+        tl.store(o_base + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
@@ -395,15 +396,25 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
             tensor_format):
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
+    num_warps = 4
+    max_positions = 8  # on a GPU
     if not on_gpu:  # the interpreter pays per program: few, large tiles
         rows = max(1, 16384 // width)
-        head_share = rows
+        head_share = max_positions = rows  # no cap on positions but the budget
     elif split_pairs:
         rows = max(1, 1024 // (width * element_size))
         head_share = rows
+        num_warps = 1
     elif tensor_format == "thd":
         rows = max(1, 2 * TILE_BYTES // (width * element_size))
         head_share = rows // 2
+    elif tensor_format == "bshd" and _next_pow2(max(1, heads)) * width * element_size <= SMALL_ROW_BYTES:
+        # Small bshd rows: whole rows of one batch element (contiguous memory), 4 KB and 2 warps
+        # a tile. Half-row tiles or 4 warps lost 3-12% in the sweep (16 heads, head_dim 64).
+        rows = SMALL_ROW_BYTES // (width * element_size)
+        head_share = _next_pow2(max(1, heads))
+        max_positions = rows
+        num_warps = 2
     elif tensor_format == "bshd":
         # Positions are contiguous in bshd: a tile of few heads and up to 8 positions did best.
         rows = max(1, TILE_BYTES // (width * element_size))
@@ -411,20 +422,11 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
     else:
         rows = max(1, TILE_BYTES // (width * element_size))
         head_share = rows // 2  # leave room for at least two positions or batch elements
-    num_warps = 1 if split_pairs and on_gpu else 4
-    row_bytes = _next_pow2(max(1, heads)) * width * element_size
-    if on_gpu and not split_pairs and tensor_format == "bshd" and row_bytes <= SMALL_ROW_BYTES:
-        # Small bshd rows: whole rows of one batch element (contiguous memory), 4 KB and 2 warps
-        # a tile. Half-row tiles or 4 warps lost 3-12% in the sweep (16 heads, head_dim 64).
-        rows = SMALL_ROW_BYTES // (width * element_size)
-        head_share = _next_pow2(max(1, heads))
-        num_warps = 2
     # (position, batch element, head) rows of head_dim channels per tile: heads first (a run of
     # heads is contiguous in every layout), then positions, then batch elements.
     block_h = min(_next_pow2(max(1, heads)), _floor_pow2(max(1, head_share)))
     rows = max(1, rows // block_h)
-    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows),
-                  8 if on_gpu and num_warps != 2 else rows)
+    block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows), max_positions)
     rows = max(1, rows // block_s)
     block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
     # sbhd: batch blocks fastest over the whole batch (memory order). bshd: in pairs, so that
