@@ -29,6 +29,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from rope_kernels import apply_rotary_pos_emb, rope_2d  # noqa: E402
 from rope_kernels.bench import Problem, _liger, copy_bandwidth_gbps, time_ms, time_per_call_us  # noqa: E402
 from rope_kernels.rope_2d import _canonical, _fast_sincos, _next_pow2  # noqa: E402
+from tile_sweep import PROBLEMS as SWEEP_PROBLEMS  # noqa: E402  (the script's folder is on sys.path)
 
 r2 = importlib.import_module("rope_kernels.rope_2d")
 
@@ -392,22 +393,12 @@ def run_rows(t, freqs, tensor_format, trig, block_r, block_h, num_warps=4, x_fir
 
 
 def probe_rows(copy: float, out_dir: pathlib.Path):
-    problems = {
-        "bshd bf16 default": dict(tensor_format="bshd"),
-        "sbhd bf16 default": dict(tensor_format="sbhd"),
-        "bshd fp32 default": dict(tensor_format="bshd", dtype="fp32"),
-        "sbhd fp32 default": dict(tensor_format="sbhd", dtype="fp32"),
-        "bshd bf16 h16": dict(tensor_format="bshd", heads=16),
-        "bshd bf16 h64": dict(tensor_format="bshd", heads=64),
-        "bshd bf16 b4": dict(tensor_format="bshd", batch=4),
-        "bshd bf16 s1024": dict(tensor_format="bshd", seq_len=1024),
-        "sbhd bf16 rp0.5": dict(tensor_format="sbhd", rotary_percent=0.5),
-        "bshd bf16 d256": dict(tensor_format="bshd", head_dim=256, heads=16),
-        "bshd bf16 d64": dict(tensor_format="bshd", head_dim=64),
-        "bshd bf16 b1 h64 s2048": dict(tensor_format="bshd", batch=1, heads=64, seq_len=2048),
-        "bshd bf16 b2 s8192": dict(tensor_format="bshd", batch=2, seq_len=8192),
-        "sbhd bf16 b1": dict(tensor_format="sbhd", batch=1),
-    }
+    # The tile sweep's problems (scripts/tile_sweep.py), plus sbhd at batch 1.
+    names = ["bshd bf16 default", "sbhd bf16 default", "bshd fp32 default", "sbhd fp32 default",
+             "bshd bf16 h16", "bshd bf16 h64", "bshd bf16 b4", "bshd bf16 s1024", "sbhd bf16 rp0.5",
+             "bshd bf16 d256", "bshd bf16 d64", "bshd bf16 b1 h64 s2048", "bshd bf16 b2 s8192"]
+    problems = {name: SWEEP_PROBLEMS[name] for name in names}
+    problems["sbhd bf16 b1"] = dict(tensor_format="sbhd", batch=1)
     rows = []
     liger = _liger()
     for name, kw in problems.items():

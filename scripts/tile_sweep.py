@@ -108,8 +108,9 @@ def main():
 
         dflt = rec(None, "default", lambda: r2.rope_2d(p.t, p.freqs, **kw))
         msg = f"{name:24s} default {dflt:.3f}"
-        if liger is not None and (make := liger(p, "forward")) is not None:
-            msg += f"  liger {rec(None, 'Liger-Kernel', make):.3f}"
+        liger_call = liger(p, "forward") if liger is not None else None
+        if liger_call is not None:
+            msg += f"  liger {rec(None, 'Liger-Kernel', liger_call):.3f}"
         best = (0, None)
         for cfg in configs(p):
             out = r2.rope_2d(p.t, p.freqs, config=cfg, **kw)
@@ -119,7 +120,7 @@ def main():
                 continue
             f = rec(cfg, json.dumps(cfg), lambda: r2.rope_2d(p.t, p.freqs, config=cfg, **kw))
             best = max(best, (f, json.dumps(cfg)))
-        if liger is not None and liger(p, "forward") is not None:
+        if liger_call is not None:
             # Liger rotates in place; ours too with out=t (on a copy: the values keep rotating).
             t_in_place = p.t.clone()
             f = rec(None, "default, in place",
