@@ -1,8 +1,11 @@
-"""Rotary Position Embedding (RoPE) in Triton: a drop-in for TransformerEngine's fused RoPE.
+"""Rotary Position Embedding (RoPE) in Triton: drop-ins where models call RoPE.
 
     from rope_kernels import RotaryPositionEmbedding, apply_rotary_pos_emb
     freqs = RotaryPositionEmbedding(head_dim)(max_seq_len)
-    out = apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)
+    out = apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)   # TransformerEngine
+    q, k, v = apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [4 * d, d, d])  # TE, fused QKV
+    q, k = apply_rope_with_cos_sin_cache(positions, q, k, d, cos_sin_cache)  # FlashInfer / vLLM
+    q, k = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)               # transformers
 
 Without a GPU, importing this package turns on Triton's interpreter (unless TRITON_INTERPRET is
 already set), so the same kernels run on CPU tensors; ``MODE`` says which mode is active.
@@ -23,10 +26,22 @@ if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
                        stacklevel=2)
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from .api import RoPEFunction, apply_rotary_pos_emb  # noqa: E402
+from . import _launch, hf, rope_qk  # noqa: E402
+from . import rope_2d as _rope_2d_module  # noqa: E402
+from .api import (  # noqa: E402
+    RoPEFunction,
+    apply_fused_qkv_rotary_pos_emb,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+    apply_rotary_pos_emb,
+)
 from .reference import RotaryPositionEmbedding, rope_reference, rotate_half  # noqa: E402
 from .rope_1d import rope_1d  # noqa: E402
 from .rope_2d import INTERPRETED, rope_2d  # noqa: E402
+
+# The kernel files launch through Triton's dispatch; the package swaps in its thin launch path.
+_rope_2d_module.launch = _launch.thin_launch
+rope_qk.launch = _launch.thin_launch
 
 MODE = "triton-interpreter (CPU)" if INTERPRETED else "compiled (GPU)"
 
@@ -35,7 +50,11 @@ __all__ = [
     "INTERPRETED",
     "RoPEFunction",
     "RotaryPositionEmbedding",
+    "apply_fused_qkv_rotary_pos_emb",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
     "apply_rotary_pos_emb",
+    "hf",
     "rope_1d",
     "rope_2d",
     "rope_reference",

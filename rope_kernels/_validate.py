@@ -35,6 +35,18 @@ def _int_vector(name: str, x, length: Optional[int], device: torch.device, what:
         raise ValueError(f"{name} must be on the same device as t ({device}), got {x.device}")
 
 
+_VALIDATED: set = set()  # call signatures whose metadata passed (bounded: cleared past 4096)
+
+
+def _meta(x):
+    """Hashable metadata of an optional tensor argument (its type if it is no tensor)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.dtype, x.device)
+    return type(x)
+
+
 def validate_rope_args(
     t,
     freqs,
@@ -47,7 +59,36 @@ def validate_rope_args(
     kernel_dtypes_only: bool,
     check_values: bool = True,
 ) -> None:
-    """Raise a clear TypeError/ValueError for any argument RoPE cannot apply correctly."""
+    """Raise a clear TypeError/ValueError for any argument RoPE cannot apply correctly.
+
+    Metadata (types, shapes, dtypes, devices, flags) is checked once per call signature and the
+    signature remembered (outside torch.compile, which turns these checks into guards instead);
+    with ``check_values``, the values of ``start_positions`` and ``cu_seqlens`` are checked on
+    every call (a copy to the host)."""
+    key = None
+    if (isinstance(t, torch.Tensor) and isinstance(freqs, torch.Tensor)
+            and not torch.compiler.is_compiling()):
+        key = (t.shape, t.dtype, t.device, freqs.shape, freqs.dtype, freqs.device,
+               tensor_format, _meta(start_positions), _meta(cu_seqlens), interleaved,
+               type(interleaved), cp_size, type(cp_size), cp_rank, type(cp_rank),
+               kernel_dtypes_only)
+    try:
+        known = key is not None and key in _VALIDATED
+    except TypeError:  # an unhashable argument: let the checks below name it
+        key, known = None, False
+    if not known:
+        _validate_meta(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
+                       cp_size, cp_rank, kernel_dtypes_only)
+        if key is not None:
+            if len(_VALIDATED) >= 4096:
+                _VALIDATED.clear()
+            _VALIDATED.add(key)
+    if check_values:
+        _validate_values(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size)
+
+
+def _validate_meta(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
+                   cp_rank, kernel_dtypes_only) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t must be a torch.Tensor, got {_describe(t)}")
     if not isinstance(freqs, torch.Tensor):
@@ -86,9 +127,6 @@ def validate_rope_args(
         raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r}")
     if not isinstance(cp_rank, int) or isinstance(cp_rank, bool) or not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
-    if cp_size > 1 and start_positions is not None:
-        raise ValueError("start_positions must be None when cp_size > 1 (offsets are for "
-                         f"inference, context parallelism for training), got cp_size={cp_size}")
 
     max_rows = freqs.shape[0]
     if tensor_format != "thd":
@@ -100,20 +138,10 @@ def validate_rope_args(
         if cp_size > 1 and seq_len % 2 != 0:
             raise ValueError(f"the sequence length must be even when cp_size > 1 (dual-chunk "
                              f"slicing), got {seq_len}")
-        needed = seq_len * cp_size
         if start_positions is not None:
             _int_vector("start_positions", start_positions, batch, t.device,
                         "one start position per batch element")
-            if check_values and start_positions.numel():
-                lowest, highest = (int(v) for v in torch.aminmax(start_positions))
-                if lowest < 0:
-                    raise ValueError(f"start_positions must be >= 0, got a minimum of {lowest}")
-                needed = seq_len + highest
-        if needed > max_rows:
-            raise ValueError(
-                f"freqs has {max_rows} rows (positions) but needs at least {needed}: sequence "
-                f"length {seq_len}" + (f" x cp_size {cp_size}" if cp_size > 1 else "")
-                + (" + the largest start position" if start_positions is not None else ""))
+        _check_rows(max_rows, seq_len * cp_size, seq_len, cp_size, False)
         return
 
     # thd: packed variable-length sequences.
@@ -128,8 +156,30 @@ def validate_rope_args(
     if start_positions is not None:
         _int_vector("start_positions", start_positions, n_seqs, t.device,
                     "one start position per sequence")
-    if not check_values:
+
+
+def _check_rows(max_rows, needed, seq_len, cp_size, with_start) -> None:
+    if needed > max_rows:
+        raise ValueError(
+            f"freqs has {max_rows} rows (positions) but needs at least {needed}: sequence "
+            f"length {seq_len}" + (f" x cp_size {cp_size}" if cp_size > 1 else "")
+            + (" + the largest start position" if with_start else ""))
+
+
+def _validate_values(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size) -> None:
+    """Checks of the values of start_positions and cu_seqlens: copies them to the host."""
+    max_rows = freqs.shape[0]
+    if tensor_format != "thd":
+        if start_positions is None or not start_positions.numel():
+            return
+        seq_len = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
+        lowest, highest = (int(v) for v in torch.aminmax(start_positions))
+        if lowest < 0:
+            raise ValueError(f"start_positions must be >= 0, got a minimum of {lowest}")
+        # TE: each sequence's rows start at its offset and span seq_len * cp_size rows.
+        _check_rows(max_rows, seq_len * cp_size + highest, seq_len, cp_size, True)
         return
+    n_seqs = cu_seqlens.numel() - 1
     cu = cu_seqlens.tolist()
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {cu[0]}")
@@ -149,3 +199,153 @@ def validate_rope_args(
     if needed > max_rows:
         raise ValueError(f"freqs has {max_rows} rows (positions) but the longest sequence needs "
                          f"{needed} (its length x cp_size + its start position)")
+
+
+def _tensor(name: str, x, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor ({what}), got {_describe(x)}")
+
+
+def _kernel_dtype(name: str, x) -> None:
+    if x.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name} must have dtype float32, float16 or bfloat16, got {x.dtype}")
+
+
+def _same_device(name: str, x, device) -> None:
+    if x.device != device:
+        raise ValueError(f"{name} must be on the same device as the inputs ({device}), got "
+                         f"{x.device}")
+
+
+def _freqs_table(name: str, freqs, device) -> None:
+    _tensor(name, freqs, "float32 angles [max_seq_len, 1, 1, rotary_dim]")
+    if freqs.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32 angles, got {freqs.dtype}")
+    if freqs.dim() != 4 or freqs.shape[1] != 1 or freqs.shape[2] != 1:
+        raise ValueError(f"{name} must have shape [max_seq_len, 1, 1, rotary_dim], got "
+                         f"{tuple(freqs.shape)}")
+    _same_device(name, freqs, device)
+
+
+def validate_qkv_args(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, start_positions,
+                      interleaved, cu_seqlens, cp_size, cp_rank, check_values: bool) -> None:
+    """apply_fused_qkv_rotary_pos_emb: qkv [s, b, h, q + k + v] (sbhd) or [b, s, h, ...]."""
+    _tensor("qkv", qkv, "[s, b, h, q_split + k_split + v_split]")
+    if tensor_format == "thd":
+        raise ValueError("tensor_format 'thd' is not supported by apply_fused_qkv_rotary_pos_emb "
+                         "(as in TransformerEngine): use 'sbhd' or 'bshd', or apply_rotary_pos_emb "
+                         "on q and k")
+    if tensor_format not in ("sbhd", "bshd"):
+        raise ValueError(f"tensor_format must be 'sbhd' or 'bshd', got {tensor_format!r}")
+    if cu_seqlens is not None:
+        raise ValueError("cu_seqlens must be None: fused QKV RoPE takes no packed (thd) input")
+    _kernel_dtype("qkv", qkv)
+    if qkv.dim() != 4:
+        raise ValueError(f"qkv must be 4-D [s, b, h, q_split + k_split + v_split] "
+                         f"({tensor_format}), got shape {tuple(qkv.shape)}")
+    splits = list(qkv_split_arg_list) if isinstance(qkv_split_arg_list, (list, tuple)) else None
+    if (splits is None or len(splits) != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in splits)):
+        raise ValueError(f"qkv_split_arg_list must be three positive ints [q_split, k_split, "
+                         f"v_split], got {qkv_split_arg_list!r}")
+    q_split, k_split, _ = splits
+    if sum(splits) != qkv.shape[-1]:
+        raise ValueError(f"qkv_split_arg_list must add up to qkv.shape[-1] = {qkv.shape[-1]}, got "
+                         f"{splits} (sum {sum(splits)})")
+    if q_split % k_split:
+        raise ValueError(f"qkv_split_arg_list[0] (q_split = {q_split}) must be a multiple of "
+                         f"qkv_split_arg_list[1] (k_split = {k_split}, the head size)")
+    _freqs_table("q_freqs", q_freqs, qkv.device)
+    _freqs_table("k_freqs", k_freqs, qkv.device)
+    if q_freqs.shape != k_freqs.shape:
+        raise ValueError(f"q_freqs and k_freqs must have the same shape, got "
+                         f"{tuple(q_freqs.shape)} and {tuple(k_freqs.shape)}")
+    # The checks of apply_rotary_pos_emb, on a [s, b, h, k_split] view standing in for q and k.
+    validate_rope_args(qkv[..., :k_split], q_freqs, tensor_format, start_positions, interleaved, None,
+                       cp_size, cp_rank, True, check_values)
+
+
+def validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                check_values: bool) -> int:
+    """FlashInfer's apply_rope_with_cos_sin_cache; returns rotary_dim."""
+    _tensor("positions", positions, "int [num_tokens]")
+    _tensor("query", query, "[num_tokens, num_q_heads * head_size]")
+    _tensor("key", key, "[num_tokens, num_k_heads * head_size]")
+    _tensor("cos_sin_cache", cos_sin_cache, "float32 [max_position, rotary_dim]")
+    if not isinstance(head_size, int) or isinstance(head_size, bool) or head_size <= 0:
+        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
+    if not isinstance(is_neox, bool):
+        raise TypeError(f"is_neox must be a bool, got {_describe(is_neox)}")
+    if positions.dtype not in _INT_DTYPES:
+        raise TypeError(f"positions must have dtype torch.int32 or torch.int64, got "
+                        f"{positions.dtype}")
+    if positions.dim() != 1:
+        raise ValueError(f"positions must be 1-D [num_tokens], got shape {tuple(positions.shape)}")
+    for name, x in (("query", query), ("key", key)):
+        _kernel_dtype(name, x)
+        if x.dim() not in (2, 3):
+            raise ValueError(f"{name} must be [num_tokens, num_heads * head_size] (or [num_tokens, "
+                             f"num_heads, head_size]), got shape {tuple(x.shape)}")
+        if (x.shape[2] != head_size) if x.dim() == 3 else (x.shape[1] % head_size != 0):
+            raise ValueError(f"head_size ({head_size}) must divide {name}'s width into heads, got "
+                             f"{name} of shape {tuple(x.shape)}")
+        if x.shape[0] != positions.shape[0]:
+            raise ValueError(f"{name} must have one row per position: positions has "
+                             f"{positions.shape[0]} tokens, {name} has {x.shape[0]}")
+        if x.dim() == 2 and x.shape[1] and x.stride(1) != 1:
+            raise ValueError(f"{name}'s last axis must be contiguous (stride 1), got strides "
+                             f"{x.stride()}")
+        _same_device(name, x, positions.device)
+    if key.dtype != query.dtype:
+        raise TypeError(f"key must have query's dtype ({query.dtype}), got {key.dtype}")
+    if cos_sin_cache.dtype != torch.float32:
+        raise TypeError(f"cos_sin_cache must be float32, got {cos_sin_cache.dtype}")
+    if cos_sin_cache.dim() != 2:
+        raise ValueError(f"cos_sin_cache must be 2-D [max_position, rotary_dim], got shape "
+                         f"{tuple(cos_sin_cache.shape)}")
+    _same_device("cos_sin_cache", cos_sin_cache, positions.device)
+    rotary_dim = cos_sin_cache.shape[1]
+    if rotary_dim == 0 or rotary_dim % 2:
+        raise ValueError(f"cos_sin_cache.shape[1] (rotary_dim) must be even and positive, got "
+                         f"{rotary_dim}")
+    if rotary_dim > head_size:
+        raise ValueError(f"cos_sin_cache.shape[1] (rotary_dim = {rotary_dim}) must be <= head_size "
+                         f"({head_size})")
+    if check_values and positions.numel():
+        lowest, highest = (int(v) for v in torch.aminmax(positions))
+        if lowest < 0 or highest >= cos_sin_cache.shape[0]:
+            raise ValueError(f"positions must lie in [0, {cos_sin_cache.shape[0]}) (the rows of "
+                             f"cos_sin_cache), got values from {lowest} to {highest}")
+    return rotary_dim
+
+
+def validate_hf_args(q, k, cos, sin, unsqueeze_dim) -> None:
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)."""
+    for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _tensor(name, x, "see rope_kernels.hf.apply_rotary_pos_emb")
+        _kernel_dtype(name, x)
+    if unsqueeze_dim not in (1, 2) or isinstance(unsqueeze_dim, bool):
+        raise ValueError(f"unsqueeze_dim must be 1 (q, k as [b, h, s, d]) or 2 ([b, s, h, d]), got "
+                         f"{unsqueeze_dim!r}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"q and k must be 4-D, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype ({q.dtype}), got {k.dtype}")
+    seq_axis = 2 if unsqueeze_dim == 1 else 1
+    if (k.shape[0], k.shape[seq_axis], k.shape[3]) != (q.shape[0], q.shape[seq_axis], q.shape[3]):
+        raise ValueError(f"k must match q in batch, sequence and head_dim (unsqueeze_dim="
+                         f"{unsqueeze_dim}), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if cos.shape != sin.shape or cos.dim() not in (2, 3):
+        raise ValueError(f"cos and sin must have one shape, [b, s, rotary_dim] or [s, rotary_dim], "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    b, s, d = q.shape[0], q.shape[seq_axis], q.shape[3]
+    lead = cos.shape[:-1] if cos.dim() == 3 else (1, *cos.shape[:-1])
+    if lead[1] != s or lead[0] not in (1, b):
+        raise ValueError(f"cos must be [b or 1, s, rotary_dim] with b = {b}, s = {s}, got "
+                         f"{tuple(cos.shape)}")
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == 0 or rotary_dim % 2 or rotary_dim > d:
+        raise ValueError(f"cos.shape[-1] (rotary_dim) must be even, positive and <= head_dim "
+                         f"({d}), got {rotary_dim}")
+    for name, x in (("k", k), ("cos", cos), ("sin", sin)):
+        _same_device(name, x, q.device)

@@ -1,17 +1,32 @@
-"""``apply_rotary_pos_emb``: TransformerEngine's signature over this package's kernels.
+"""The public entry points, each with the names, signature and semantics of the library it
+replaces:
 
-``fused=False`` runs the naive PyTorch formula (``reference.rope_reference``); ``fused=True`` runs a
-Triton kernel, the 2-D batch-reusing one unless ``kernel="1d"``. The Triton path is differentiable
-through ``RoPEFunction``, whose backward is the same kernel with sin negated.
+- ``apply_rotary_pos_emb`` and ``apply_fused_qkv_rotary_pos_emb``: TransformerEngine's.
+  ``fused=False`` runs the naive PyTorch formula (``reference.rope_reference``); ``fused=True``
+  runs a Triton kernel, the 2-D batch-reusing one unless ``kernel="1d"``.
+- ``apply_rope_with_cos_sin_cache`` and ``..._inplace``: FlashInfer's (vLLM's convention).
+- ``rope_kernels.hf.apply_rotary_pos_emb``: transformers' (in ``hf.py``).
+
+Every one is differentiable where its original is, traceable by ``torch.compile(fullgraph=True)``
+(through the operators of ``_ops.py``) and capturable in a CUDA graph. What is checked where:
+
+- Types, shapes, dtypes, devices and flags: always, in eager mode once per call signature (then
+  remembered), under ``torch.compile`` as guards of the compiled graph.
+- Values of device tensors (``start_positions``, ``cu_seqlens``, ``positions``): in eager mode
+  only, and only with ``validate=True`` (the default) and outside CUDA-graph capture, because
+  they copy to the host (about 30 us, and a synchronisation). Under ``torch.compile`` and during
+  capture they are not checked: out-of-range values then read outside the angle table.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from ._validate import validate_rope_args
+from . import _ops
+from . import rope_qk as _qk
+from ._validate import validate_cos_sin_cache_args, validate_qkv_args, validate_rope_args
 from .reference import rope_reference
 from .rope_1d import rope_1d
 from .rope_2d import rope_2d
@@ -77,19 +92,155 @@ def apply_rotary_pos_emb(
     Returns:
         A new contiguous tensor of ``t``'s shape and dtype; ``t`` is never modified.
     """
+    compiling = torch.compiler.is_compiling()
     validate_rope_args(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
-                       cp_rank, kernel_dtypes_only=fused, check_values=validate)
+                       cp_rank, kernel_dtypes_only=fused,
+                       check_values=_check_values(validate, t, compiling))
     if not fused:
         return rope_reference(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
                               cp_size, cp_rank)
     launcher = KERNELS.get(kernel)
     if launcher is None:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-    if freqs.requires_grad and torch.is_grad_enabled():
-        raise ValueError("freqs requires grad, but the fused kernels give no gradient for the "
-                         "angles: pass freqs.detach(), or use fused=False to learn them")
+    _no_grad_for("freqs", freqs, "the angles", "use fused=False to learn them")
+    if compiling:  # one opaque operator in the graph, its backward registered with it
+        return _ops.rope(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
+                         cp_size, cp_rank, kernel, False)
     if t.requires_grad and torch.is_grad_enabled():
         return RoPEFunction.apply(t, freqs, tensor_format, start_positions, interleaved,
                                   cu_seqlens, cp_size, cp_rank, launcher)
     return launcher(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
                     cp_rank)
+
+
+def _check_values(validate: bool, t: torch.Tensor, compiling: bool) -> bool:
+    """Value checks copy device tensors to the host: eager mode only, never during capture."""
+    if not validate or compiling:
+        return False
+    return not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _no_grad_for(name: str, x: torch.Tensor, what: str, instead: str) -> None:
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad, but the fused kernels give no gradient for "
+                         f"{what}: pass {name}.detach(), or {instead}")
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
+def apply_fused_qkv_rotary_pos_emb(
+    qkv: torch.Tensor,
+    q_freqs: torch.Tensor,
+    k_freqs: torch.Tensor,
+    qkv_split_arg_list: Sequence[int],
+    tensor_format: str = "sbhd",
+    start_positions: Optional[torch.Tensor] = None,
+    interleaved: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    *,
+    validate: bool = True,
+):
+    """RoPE on q and k of a packed QKV projection, and v split off: TransformerEngine's function.
+
+    Args:
+        qkv: ``[s, b, h, q_split + k_split + v_split]`` (sbhd) or ``[b, s, h, ...]`` (bshd),
+            float32/float16/bfloat16, any strides. Each of the h groups holds ``q_split /
+            k_split`` query heads, one key head and one value head.
+        q_freqs, k_freqs: float32 angles ``[max_seq_len, 1, 1, rotary_dim]``, ``rotary_dim <=
+            k_split``; same shape.
+        qkv_split_arg_list: ``[q_split, k_split, v_split]``: widths of q, k and v per group;
+            ``k_split`` is the head size and divides ``q_split``.
+        tensor_format: ``"sbhd"`` or ``"bshd"`` (``"thd"`` raises, as in TransformerEngine).
+        start_positions, interleaved, cp_size, cp_rank: as in ``apply_rotary_pos_emb``.
+        cu_seqlens: must be None (no packed input).
+        validate: check ``start_positions`` values (a copy to the host), as in
+            ``apply_rotary_pos_emb``.
+
+    Returns:
+        New contiguous ``(q, k, v)``: ``q [s, b, h * q_split / k_split, k_split]``, ``k [s, b,
+        h, k_split]``, ``v [s, b, h, v_split]`` (bshd: first two axes exchanged). One kernel
+        launch; differentiable (the backward, one launch too, returns a new contiguous
+        qkv-shaped gradient).
+    """
+    compiling = torch.compiler.is_compiling()
+    validate_qkv_args(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, start_positions,
+                      interleaved, cu_seqlens, cp_size, cp_rank,
+                      check_values=_check_values(validate, qkv, compiling))
+    _no_grad_for("q_freqs", q_freqs, "the angles", "use apply_rotary_pos_emb(fused=False)")
+    _no_grad_for("k_freqs", k_freqs, "the angles", "use apply_rotary_pos_emb(fused=False)")
+    splits = [int(n) for n in qkv_split_arg_list]
+    if compiling or _needs_grad(qkv):
+        return _ops.rope_qkv(qkv, q_freqs, k_freqs, splits, tensor_format, start_positions,
+                             interleaved, cp_size, cp_rank)
+    return _qk.rope_qkv(qkv, q_freqs, k_freqs, splits, tensor_format, start_positions,
+                        interleaved, cp_size, cp_rank)
+
+
+def apply_rope_with_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    *,
+    validate: bool = True,
+):
+    """RoPE on query and key at per-token positions, from a cos/sin cache: FlashInfer's function.
+
+    Args:
+        positions: int32/int64 ``[num_tokens]``, any order (each token's position).
+        query: ``[num_tokens, num_q_heads * head_size]`` (last axis contiguous; a view into a
+            packed qkv buffer is fine).
+        key: ``[num_tokens, num_k_heads * head_size]``: as many or fewer heads (grouped-query).
+        head_size: channels per head.
+        cos_sin_cache: float32 ``[max_position, rotary_dim]``: ``cos`` in the first
+            ``rotary_dim / 2`` columns of a row, ``sin`` in the rest; ``rotary_dim <= head_size``
+            (channels past it are copied).
+        is_neox: True for half-split pairs (j, j + rotary_dim/2), False for GPT-J's interleaved
+            pairs (2j, 2j+1).
+        validate: check that every position lies inside the cache (a copy to the host; eager
+            mode only, outside CUDA-graph capture).
+
+    Returns:
+        New contiguous ``(query_out, key_out)`` of the inputs' shapes, from one kernel launch;
+        the inputs are not modified. Differentiable with respect to query and key.
+    """
+    compiling = torch.compiler.is_compiling()
+    validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                check_values=_check_values(validate, query, compiling))
+    _no_grad_for("cos_sin_cache", cos_sin_cache, "the cache", "detach it")
+    if compiling or _needs_grad(query, key):
+        return _ops.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                       False)
+    return _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    *,
+    validate: bool = True,
+) -> None:
+    """``apply_rope_with_cos_sin_cache`` writing into ``query`` and ``key`` (FlashInfer's
+    in-place variant, what vLLM calls): one launch, no allocation, not differentiable."""
+    compiling = torch.compiler.is_compiling()
+    validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                check_values=_check_values(validate, query, compiling))
+    if _needs_grad(query, key):
+        raise ValueError("apply_rope_with_cos_sin_cache_inplace cannot rotate tensors that "
+                         "require grad (autograd would lose the values it needs): use "
+                         "apply_rope_with_cos_sin_cache, which is differentiable")
+    if compiling:
+        _ops.rope_cos_sin_cache_(positions, query, key, head_size, cos_sin_cache, is_neox)
+        return
+    _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
+                           query_out=query, key_out=key)

@@ -115,23 +115,32 @@ def freqs_on_cp_rank(freqs: torch.Tensor, seq_len: int, cp_size: int, cp_rank: i
     )
 
 
-def _rope_dense(
-    t: torch.Tensor, freqs: torch.Tensor, interleaved: bool, start_positions: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """RoPE on t: [s, b, h, d] with freqs: [>= s, 1, 1, d2] (start_positions: [b] or None)."""
-    seq_len = t.shape[0]
-    if start_positions is not None:
-        # One table slice per batch element: freqs becomes [s, b, 1, d2].
-        freqs = torch.cat([freqs[int(p) : int(p) + seq_len] for p in start_positions.tolist()], 1)
-    freqs = freqs[:seq_len]
-    rotary_dim = freqs.shape[-1]
+def _sequence_rows(freqs: torch.Tensor, seq_len: int, cp_size: int, cp_rank: int,
+                   start: int = 0) -> torch.Tensor:
+    """Angle rows ``[seq_len, 1, 1, d2]`` of one local sequence, as TransformerEngine takes them:
+    the table is first offset by the sequence's start position, then this rank's two chunks of
+    the ``seq_len * cp_size`` rows that follow are taken (``freqs_on_cp_rank``)."""
+    return freqs_on_cp_rank(freqs[start:], seq_len, cp_size, cp_rank)[:seq_len]
+
+
+def _rope_dense(t: torch.Tensor, rows: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """RoPE on t: [s, b, h, d] with angle rows [s, 1 or b, 1, d2]."""
+    rotary_dim = rows.shape[-1]
     # cos/sin first (in float32 as TE does, in float64 for a float64 t), then the cast to t's dtype.
-    angles = freqs.to(torch.promote_types(freqs.dtype, t.dtype))
+    angles = rows.to(torch.promote_types(rows.dtype, t.dtype))
     cos = torch.cos(angles).to(t.dtype)
     sin = torch.sin(angles).to(t.dtype)
     t_rot, t_pass = t[..., :rotary_dim], t[..., rotary_dim:]
     t_rot = t_rot * cos + rotate_half(t_rot, interleaved) * sin
     return torch.cat((t_rot, t_pass), dim=-1)
+
+
+def _dense_rows(freqs, seq_len, start_positions, cp_size, cp_rank):
+    """[s, 1, 1, d2], or [s, b, 1, d2] with one table slice per batch element's start."""
+    if start_positions is None:
+        return _sequence_rows(freqs, seq_len, cp_size, cp_rank)
+    return torch.cat([_sequence_rows(freqs, seq_len, cp_size, cp_rank, int(p))
+                      for p in start_positions.tolist()], dim=1)
 
 
 def rope_reference(
@@ -151,27 +160,27 @@ def rope_reference(
         freqs: angles ``[max_seq_len, 1, 1, d2]``; cos/sin are taken in float32 (float64 when
             ``t`` is float64: pass a float64 ``t`` for an exact reference) and cast to ``t.dtype``.
         start_positions: int ``[b]`` (or ``[n_seqs]`` for thd): position offset per sequence.
+            With ``cp_size > 1`` the offset applies to the global sequence: the rows of
+            sequence i are ``freqs[start_i : start_i + len_i * cp_size]``, of which this rank
+            takes its two chunks (TransformerEngine's order).
         cu_seqlens: int ``[n_seqs + 1]`` cumulative (padded, global) sequence lengths, for thd.
         cp_size, cp_rank: context-parallel world size and rank (dual-chunk slicing).
 
     Returns a new tensor of ``t``'s shape and dtype. Performs no input validation.
     """
     if tensor_format == "sbhd":
-        seq_len = t.shape[0]
-        return _rope_dense(t, freqs_on_cp_rank(freqs, seq_len, cp_size, cp_rank), interleaved,
-                           start_positions)
+        rows = _dense_rows(freqs, t.shape[0], start_positions, cp_size, cp_rank)
+        return _rope_dense(t, rows, interleaved)
     if tensor_format == "bshd":
-        seq_len = t.shape[1]
-        out = _rope_dense(t.transpose(0, 1), freqs_on_cp_rank(freqs, seq_len, cp_size, cp_rank),
-                          interleaved, start_positions)
-        return out.transpose(0, 1)
+        rows = _dense_rows(freqs, t.shape[1], start_positions, cp_size, cp_rank)
+        return _rope_dense(t.transpose(0, 1), rows, interleaved).transpose(0, 1)
     if tensor_format == "thd":
         local_cu = (cu_seqlens // cp_size).tolist()
         pieces = []
         for i, (begin, end) in enumerate(zip(local_cu[:-1], local_cu[1:])):
             x = t[begin:end].unsqueeze(1)  # [len_i, 1, h, d]
-            starts = None if start_positions is None else start_positions[i : i + 1]
-            f = freqs_on_cp_rank(freqs, end - begin, cp_size, cp_rank)
-            pieces.append(_rope_dense(x, f, interleaved, starts))
+            start = 0 if start_positions is None else int(start_positions[i])
+            pieces.append(_rope_dense(x, _sequence_rows(freqs, end - begin, cp_size, cp_rank,
+                                                        start), interleaved))
         return torch.cat(pieces).squeeze(1)
     raise ValueError(f"tensor_format must be 'sbhd', 'bshd' or 'thd', got {tensor_format!r}")

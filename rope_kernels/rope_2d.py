@@ -436,12 +436,9 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
             ("group_b", group_b), ("num_warps", num_warps))
 
 
-class _Plan:
+class Plan:
     """Everything a launch needs that follows from shapes, strides and flags (not from data).
-
-    ``compiled`` maps (device, pointer alignments) to the kernel Triton compiled for them, so
-    that later calls can skip Triton's Python dispatch (see ``_launch``).
-    """
+    ``compiled`` is for a launcher that reuses the kernel Triton compiled (the package's)."""
 
     __slots__ = ("grid", "scalars", "constexprs", "num_warps", "compiled")
 
@@ -450,12 +447,16 @@ class _Plan:
         self.compiled = {}
 
 
-_PLANS: dict = {}  # call signature -> _Plan; cleared when it grows past _MAX_PLANS
+_PLANS: dict = {}  # call signature -> Plan; cleared when it grows past _MAX_PLANS
 _MAX_PLANS = 4096
 
-# The thin launch path calls the compiled kernel directly once Triton's own dispatch has chosen
-# it for a call signature. Set to False to always go through Triton's dispatch.
-THIN_LAUNCH = True
+
+def launch(kernel, plan: Plan, pointers):
+    """Launch through Triton's own dispatch. (The rope_kernels package replaces this with a
+    launcher that skips Triton's per-call argument analysis, rope_kernels/_launch.py; a copy of
+    this file needs none.)"""
+    return kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                             num_warps=plan.num_warps)
 
 
 def _pairs_as_words(*tensors: torch.Tensor) -> bool:
@@ -468,7 +469,7 @@ def _pairs_as_words(*tensors: torch.Tensor) -> bool:
 
 
 def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved, cp_size,
-               cp_rank, backward, config, pairs_as_words=False) -> _Plan:
+               cp_rank, backward, config, pairs_as_words=False) -> Plan:
     (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
     _, o_strides = _canonical(out, tensor_format)
     rotary_dim = freqs.shape[-1]
@@ -528,48 +529,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         PASS=(_next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
               if head_dim > rotary_dim else 0),
     )
-    return _Plan(grid, scalars, constexprs, cfg["num_warps"])
-
-
-def _launch_hooks_installed() -> bool:
-    """True when a Triton launch hook (a profiler, for instance) must see every launch. Recent
-    Triton versions keep the hooks in a HookChain that is empty by default."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    for name in ("launch_enter_hook", "launch_exit_hook"):
-        hook = getattr(runtime, name, None)
-        if hook is not None and getattr(hook, "calls", True):  # a plain callable, or a chain in use
-            return True
-    return False
-
-
-def _launch(plan: _Plan, pointers: tuple) -> None:
-    """Launch ``rope_2d_kernel`` for ``plan``.
-
-    Triton's dispatch (``kernel[grid](...)``) costs tens of microseconds of Python per call: it
-    re-derives the specialisation of all ~35 arguments every time. Within one plan the only
-    things that can change that specialisation are the device and the pointers' 16-byte
-    alignment (dtypes, sizes and strides are in the plan's key), so the kernel Triton returns for
-    the first call with a given (device, alignments) is the one it would pick again; later calls
-    launch it directly. Tests check that it is the same kernel object on a GPU.
-    """
-    thin = THIN_LAUNCH and not INTERPRETED and not _launch_hooks_installed()
-    if thin:
-        driver = triton.runtime.driver.active
-        device = driver.get_current_device()
-        key = (device, tuple(p.data_ptr() % 16 == 0 for p in pointers))
-        compiled = plan.compiled.get(key)
-        if compiled is not None:
-            g0, g1, g2 = plan.grid
-            # The arguments of CompiledKernel.run, as triton.runtime.jit.JITFunction.run passes
-            # them (no launch metadata, no hooks: checked above).
-            compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
-                         compiled.packed_metadata, None, None, None,
-                         *pointers, *plan.scalars, *plan.constexprs.values())
-            return
-    compiled = rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                                         num_warps=plan.num_warps)
-    if thin:
-        plan.compiled[key] = compiled
+    return Plan(grid, scalars, constexprs, cfg["num_warps"])
 
 
 def rope_2d(
@@ -639,6 +599,6 @@ def rope_2d(
             _PLANS.clear()
         _PLANS[key] = plan
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
-    _launch(plan, (t, freqs, out, cu_seqlens if is_thd else t,
-                   start_positions if start_positions is not None else t))
+    launch(rope_2d_kernel, plan, (t, freqs, out, cu_seqlens if is_thd else t,
+                                  start_positions if start_positions is not None else t))
     return out

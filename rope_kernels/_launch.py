@@ -1,0 +1,121 @@
+"""The package's fast launch path for its Triton kernels (the kernel files work without it).
+
+Triton's dispatch, ``kernel[grid](*args)``, costs tens of microseconds of Python per call: it
+re-derives the specialisation of every argument each time. A kernel file's launch *plan* already
+fixes everything that specialisation depends on except the device and the pointers' 16-byte
+alignment (dtypes, sizes and strides are in the plan's key). So once Triton's dispatch has
+returned the compiled kernel for a (plan, device, alignments), later calls can hand the
+arguments straight to that kernel's C launcher, ``CompiledKernel.run``.
+
+That uses Triton internals, so the contract is checked at run time and any mismatch falls back
+to Triton's own dispatch:
+
+- a compiled kernel is reused only after a second dispatch for the same (plan, device,
+  alignments) returned the *same* kernel object (so nothing else went into Triton's choice);
+- nothing Triton's dispatch would do on the way is active: launch enter/exit hooks (profilers),
+  pre-run hooks, a stage-inspection hook, debug mode;
+- the compiled kernel has the attributes the call uses (``run``, ``function``,
+  ``packed_metadata``), and the launcher accepts the call: a ``TypeError``/``AttributeError``/
+  ``ValueError`` from it (raised while parsing arguments, before any launch) switches the thin
+  path off for the process with a warning, and that call goes through the dispatch.
+
+Checked with triton 3.6.0 on the GPU machine (CI runs triton 3.7.1 on a CPU, where kernels are
+interpreted and this path is never taken).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import triton
+
+# The interpreter (no GPU) has no compiled kernels to reuse.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+ENABLED = True  # set False to always go through Triton's dispatch
+_MISSING = object()
+
+
+class _Pending:
+    """The kernel Triton's dispatch returned the first time, awaiting confirmation."""
+
+    __slots__ = ("compiled",)
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+
+def _dispatch_is_plain(kernel) -> bool:
+    """True when Triton's dispatch would do nothing but pick and launch the kernel."""
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None:
+        return False
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        hook = getattr(runtime, name, None)
+        # A plain callable, or a HookChain (recent Triton, empty by default) that is in use.
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+    if getattr(runtime, "add_stages_inspection_hook", None) is not None:
+        return False
+    if getattr(runtime, "debug", False) or getattr(kernel, "debug", False):
+        return False
+    return not getattr(kernel, "pre_run_hooks", None)
+
+
+def hooks_installed() -> bool:
+    """True when a Triton launch hook (a profiler, for instance) must see every launch."""
+    return not _dispatch_is_plain(None)
+
+
+def _usable(compiled) -> bool:
+    return all(getattr(compiled, name, None) is not None
+               for name in ("run", "function", "packed_metadata"))
+
+
+def disable(reason: str) -> None:
+    global ENABLED
+    if ENABLED:
+        warnings.warn(f"rope_kernels: thin launch path off, using Triton's dispatch ({reason})",
+                      RuntimeWarning, stacklevel=3)
+    ENABLED = False
+
+
+def thin_launch(kernel, plan, pointers):
+    """Launch ``kernel`` for ``plan`` (grid, scalars, constexprs, num_warps, compiled)."""
+    thin = ENABLED and not INTERPRETED and _dispatch_is_plain(kernel)
+    if thin:
+        driver = triton.runtime.driver.active
+        device = driver.get_current_device()
+        key = (device, tuple(p.data_ptr() % 16 == 0 for p in pointers))
+        compiled = plan.compiled.get(key)
+        if compiled is not None and not isinstance(compiled, _Pending):
+            g0, g1, g2 = plan.grid
+            try:
+                # The arguments JITFunction.run passes: no launch metadata, no hooks (checked).
+                compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
+                             compiled.packed_metadata, None, None, None,
+                             *pointers, *plan.scalars, *plan.constexprs.values())
+                return compiled
+            except (TypeError, AttributeError, ValueError) as e:
+                disable(f"the compiled kernel's launcher rejected the call: {e}")
+                thin = False
+    compiled = kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                                 num_warps=plan.num_warps)
+    if thin:
+        seen = plan.compiled.get(key, _MISSING)
+        if seen is _MISSING:
+            plan.compiled[key] = _Pending(compiled) if _usable(compiled) else None
+        elif isinstance(seen, _Pending):
+            # Confirmed only if Triton's dispatch picked the same kernel the second time; a
+            # None entry means "never reuse for this key": keep dispatching.
+            plan.compiled[key] = compiled if compiled is seen.compiled else None
+    return compiled
+
+
+def last_compiled(plan, pointers):
+    """The kernel the thin path would launch for these pointers (None if not confirmed)."""
+    driver = triton.runtime.driver.active
+    key = (driver.get_current_device(), tuple(p.data_ptr() % 16 == 0 for p in pointers))
+    c = plan.compiled.get(key)
+    return None if isinstance(c, _Pending) else c

@@ -1,0 +1,54 @@
+"""Hugging Face transformers' convention: ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``.
+
+transformers' Llama-family models (and GPT-NeoX, whose cos may be narrower than head_dim for
+partial rotary) rotate q and k with cos and sin that the model's rotary module has already
+computed, attention scaling folded in, in the model's dtype. This function has the same
+signature and results, runs q and k in one launch, is differentiable and traceable by
+``torch.compile``, so a model can use it by assignment::
+
+    import transformers.models.llama.modeling_llama as llama
+    import rope_kernels.hf
+    llama.apply_rotary_pos_emb = rope_kernels.hf.apply_rotary_pos_emb
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _ops
+from . import rope_qk as _qk
+from ._validate import validate_hf_args
+
+__all__ = ["apply_rotary_pos_emb"]
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         position_ids: Optional[torch.Tensor] = None, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' Llama function.
+
+    Args:
+        q: ``[b, h_q, s, d]`` (``unsqueeze_dim=1``) or ``[b, s, h_q, d]`` (``unsqueeze_dim=2``),
+            float32/float16/bfloat16, any strides (the usual transposed projection views too).
+        k: the same with its own head count (grouped-query attention).
+        cos, sin: ``[b, s, rotary_dim]`` (or ``[s, rotary_dim]``, or batch 1 for all), the
+            rotary module's output: half-split layout ``cat(freqs, freqs)``, any float dtype;
+            ``rotary_dim <= d``, channels past it are copied (GPT-NeoX's partial rotary).
+        position_ids: ignored, as in transformers (kept for older call sites).
+        unsqueeze_dim: the axis of q and k that holds the heads.
+
+    Returns:
+        New contiguous ``(q_embed, k_embed)`` of q's and k's shapes and dtype, computed in
+        float32 from the given cos and sin (transformers computes in the model's dtype, so
+        16-bit results may differ from it by an ulp). Differentiable with respect to q and k.
+    """
+    validate_hf_args(q, k, cos, sin, unsqueeze_dim)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
+                         "pass cos.detach() and sin.detach() (transformers' rotary module "
+                         "computes them from a buffer, without gradient)")
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
+                                         and (q.requires_grad or k.requires_grad)):
+        return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False)
+    return _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim)

@@ -1,0 +1,524 @@
+"""RoPE on q and k (and a copy of v) in one launch. One self-contained file (torch, triton, stdlib).
+
+Models rarely rotate one tensor: attention needs q and k rotated by the same positions, and
+TransformerEngine's fused QKV also hands back v. This kernel does all of it in one launch. Its
+programs are split between *parts*: the first ones rotate tiles of q, the next ones tiles of k,
+the last ones (if any) copy tiles of v. Every part is seen as ``[s, b, g, u, d]``:
+
+    s, b   the token: position index and batch element (serving's flat tokens: b = 1)
+    g, u   the head: ``head = g * n_sub + u``. TransformerEngine's packed QKV holds, per group g
+           of the projection, ``q_split / head_dim`` query heads u side by side; elsewhere
+           n_sub = 1 and g is the head.
+    d      channels; the first ``rotary_dim`` are rotated, the rest copied through.
+
+Where each token's angles come from (``ANGLES``):
+
+    0 "freqs"    TransformerEngine: an angle table [max_pos, 1, 1, rotary_dim], row = the token's
+                 position (s, mapped for context parallelism, + start_positions[b]) or
+                 positions[s, b]; cos/sin computed here in float32.
+    1 "cache"    FlashInfer/vLLM: cos_sin_cache [max_pos, rotary_dim] float32, cos in the first
+                 half of a row and sin in the second, row = positions[token].
+    2 "cos_sin"  Hugging Face: cos and sin [b, s, rotary_dim] already computed by the model
+                 (attention scaling folded in), read at (b, s).
+
+Usage::
+
+    q_out, k_out, v_out = rope_qkv(qkv, q_freqs, k_freqs, [q_split, k_split, v_split])
+    q, k = rope_cos_sin_cache(positions, q, k, head_size, cos_sin_cache, is_neox=True)
+    q, k = rope_cos_sin(q, k, cos, sin, heads_axis=1)
+
+On a machine without a GPU set ``TRITON_INTERPRET=1`` before importing this file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton reads TRITON_INTERPRET when @triton.jit runs, i.e. when this module is imported.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2}
+
+
+@triton.jit
+def _fast_sincos(x):
+    """cos(x), sin(x) through the SFU's cos.approx/sin.approx after a two-constant range
+    reduction (absolute error ~1e-6): for 16-bit outputs, whose rounding hides it."""
+    k = tl.floor(x * 0.15915494309189535 + 0.5)
+    r = tl.fma(k, -6.28125, x)  # 6.28125 has 8 significant bits: k * 6.28125 is exact
+    r = tl.fma(k, -0.0019353071795864769, r)
+    c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
+                                  is_pure=True, pack=1)
+    s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
+                                  is_pure=True, pack=1)
+    return c, s
+
+
+@triton.jit
+def _rotate_tile(
+    x_ptr, out_ptr, table_ptr, sin_ptr,
+    s_idx, s_mask, t_row, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
+    x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d, t_stride_d,
+    ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    FAST_TRIG: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
+):
+    """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part. ``t_row`` [BLOCK_S] is the
+    offset of each token's row in the angle table (or in cos and sin)."""
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
+    h_mask = h < heads
+    g = h // n_sub
+    u = h % n_sub
+    j = tl.arange(0, HALF)  # [HALF] pair index
+    j_mask = j < rotary_dim // 2
+    if INT64:
+        g = g.to(tl.int64)
+        u = u.to(tl.int64)
+        j = j.to(tl.int64)
+    # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
+    if INTERLEAVED:
+        c1 = 2 * j
+        c2 = 2 * j + 1
+    else:
+        c1 = j
+        c2 = j + rotary_dim // 2
+    # [BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row; channels go on the last axis.
+    x_row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
+    o_row = (s_idx[:, None] * o_s + (pid_b * o_b + g * o_g + u * o_u)[None, :])[:, :, None]
+    row_mask = (s_mask[:, None] & h_mask[None, :])[:, :, None]
+    mask = row_mask & j_mask[None, None, :]
+
+    # x first, the angles after: their loads and the trig overlap the latency of x's loads.
+    if INTERLEAVED:
+        # Each row as [..., HALF, 2] (one wide load), split into the pairs' two channels.
+        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
+        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+        x12 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
+    else:
+        x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
+        x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
+    if PASS > 0:
+        p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
+        if INT64:
+            p = p.to(tl.int64)
+        p_mask = row_mask & (p < head_dim)[None, None, :]
+        xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
+
+    # cos/sin of both channels of each pair, [BLOCK_S, HALF], shared by every head of the tile.
+    sj_mask = s_mask[:, None] & j_mask[None, :]
+    row = t_row[:, None]
+    if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
+        cos1 = tl.load(table_ptr + row + j[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        sin1 = tl.load(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d,
+                       mask=sj_mask, other=0.0)
+        cos1 = cos1.to(tl.float32)
+        sin1 = sin1.to(tl.float32)
+        cos2 = cos1
+        sin2 = sin1
+    elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
+        cos1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        cos2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        sin1 = tl.load(sin_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        sin2 = tl.load(sin_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        cos1 = cos1.to(tl.float32)
+        cos2 = cos2.to(tl.float32)
+        sin1 = sin1.to(tl.float32)
+        sin2 = sin2.to(tl.float32)
+    else:  # angles: every channel its own table entry, as TransformerEngine's formula
+        f1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        f2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        if FAST_TRIG:
+            cos1, sin1 = _fast_sincos(f1)
+            cos2, sin2 = _fast_sincos(f2)
+        else:
+            cos1 = tl.cos(f1)
+            sin1 = tl.sin(f1)
+            cos2 = tl.cos(f2)
+            sin2 = tl.sin(f2)
+    if BACKWARD:
+        # The transpose of [[cos1, -sin1], [sin2, cos2]]: sin negated, the channels' sines swapped.
+        sin1, sin2 = -sin2, -sin1
+
+    if INTERLEAVED:
+        x1, x2 = tl.split(x12.to(tl.float32))
+    else:
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
+    y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+    if INTERLEAVED:
+        y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + o_row[:, :, :, None] + c12 * o_d, y12, mask=mask12)
+    else:
+        tl.store(out_ptr + o_row + c1[None, None, :] * o_d, y1.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+    if PASS > 0:
+        tl.store(out_ptr + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
+
+
+@triton.jit
+def _copy_tile(x_ptr, out_ptr, s_idx, s_mask, pid_b, pid_h, heads, width,
+               x_s, x_b, x_g, x_d, o_s, o_b, o_g, o_d,
+               INT64: tl.constexpr, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
+    """Copy a tile of BLOCK_S tokens x BLOCK_H heads of ``width`` channels (v of fused QKV)."""
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    c = tl.arange(0, WIDTH)
+    if INT64:
+        h = h.to(tl.int64)
+        c = c.to(tl.int64)
+    mask = (s_mask[:, None] & (h < heads)[None, :])[:, :, None] & (c < width)[None, None, :]
+    x_row = (s_idx[:, None] * x_s + (pid_b * x_b + h * x_g)[None, :])[:, :, None]
+    o_row = (s_idx[:, None] * o_s + (pid_b * o_b + h * o_g)[None, :])[:, :, None]
+    tl.store(out_ptr + o_row + c[None, None, :] * o_d,
+             tl.load(x_ptr + x_row + c[None, None, :] * x_d, mask=mask), mask=mask)
+
+
+# Sizes and counts are not specialised (fewer recompilations); strides are, because stride == 1
+# and multiples of 16 are what let Triton vectorise loads and stores.
+@triton.jit(do_not_specialize=["seq_len", "batch", "q_heads", "k_heads", "v_heads", "q_sub",
+                               "k_sub", "cp_size", "cp_rank", "q_blocks", "k_blocks",
+                               "part_blocks"])
+def rope_qk_kernel(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr, v_ptr, v_out_ptr,
+    q_table_ptr, k_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
+    seq_len, batch, q_heads, k_heads, v_heads, q_sub, k_sub, rotary_dim, head_dim, v_dim,
+    q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
+    k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
+    v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
+    t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b,
+    cp_size, cp_rank,
+    q_blocks, k_blocks, part_blocks,  # head blocks of q, of k, and of all parts together
+    ANGLES: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,  # positions[s, b] give the table row (else s, + start)
+    HAS_START: tl.constexpr,
+    USE_CP: tl.constexpr,
+    HAS_V: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BACKWARD: tl.constexpr,
+    FAST_TRIG: tl.constexpr,
+    INT64: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,  # power of two >= rotary_dim // 2
+    PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0
+    V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
+):
+    # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
+    # are neighbours in memory for packed QKV), then batch elements, then token blocks.
+    pid = tl.program_id(0)
+    pid_h = pid % part_blocks
+    pid_b = (pid // part_blocks) % batch
+    pid_s = pid // (part_blocks * batch)
+    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    s_mask = s_idx < seq_len
+    if INT64:
+        s_idx = s_idx.to(tl.int64)
+        pid_b = pid_b.to(tl.int64)
+
+    # Each token's row in the angle table (or in cos and sin).
+    if ANGLES == 2:
+        t_row = pid_b * t_stride_b + s_idx * t_stride_s
+    else:
+        if HAS_POSITIONS:
+            pos = tl.load(positions_ptr + s_idx * p_stride_s + pid_b * p_stride_b, mask=s_mask,
+                          other=0)
+        else:
+            pos = s_idx
+            if USE_CP:
+                # Dual-chunk context parallelism (TransformerEngine): the first half of the local
+                # sequence is chunk cp_rank of the global one, the second half chunk
+                # 2 * cp_size - 1 - cp_rank.
+                half = seq_len // 2
+                pos = tl.where(s_idx < half, s_idx + cp_rank * half,
+                               seq_len * cp_size - (cp_rank + 1) * half + (s_idx - half))
+            if HAS_START:
+                pos += tl.load(start_positions_ptr + pid_b)
+        if INT64:
+            pos = pos.to(tl.int64)
+        t_row = pos * t_stride_s
+
+    if pid_h < q_blocks:
+        _rotate_tile(q_ptr, q_out_ptr, q_table_ptr, sin_ptr, s_idx, s_mask, t_row, pid_b, pid_h,
+                     q_heads, q_sub, rotary_dim, head_dim,
+                     q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, BLOCK_H, HALF, PASS)
+    elif pid_h < q_blocks + k_blocks:
+        _rotate_tile(k_ptr, k_out_ptr, k_table_ptr, sin_ptr, s_idx, s_mask, t_row, pid_b,
+                     pid_h - q_blocks, k_heads, k_sub, rotary_dim, head_dim,
+                     k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, BLOCK_H, HALF, PASS)
+    else:
+        if HAS_V:
+            _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
+                       v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
+                       INT64, BLOCK_H, V_WIDTH)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans
+# ---------------------------------------------------------------------------------------------
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
+
+
+TILE_BYTES = 8192  # input bytes per program on a GPU
+
+
+def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
+                   on_gpu: bool, interleaved: bool = False) -> dict:
+    """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two) and ``num_warps``.
+
+    About TILE_BYTES of input per program, spent first on heads (a run of heads is contiguous in
+    every layout the entry points produce), at most the smaller of the q and k head counts so
+    that k's tiles are not mostly masked (grouped-query attention: 8 k heads for 32 q heads),
+    then on up to 8 tokens. Interleaved pairs split a [..., HALF, 2] tile, which costs
+    registers: 2 KB tiles. The interpreter pays per program: tiles of up to 16K elements."""
+    width = _next_pow2(head_dim)
+    if not on_gpu:
+        rows, max_tokens = max(1, 16384 // width), 1 << 20
+    else:
+        rows = max(1, (2048 if interleaved else TILE_BYTES) // (width * element_size))
+        max_tokens = 8
+    block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
+    block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
+    return dict(block_s=block_s, block_h=block_h, num_warps=4)
+
+
+class Plan:
+    """What a launch needs that follows from shapes, strides and flags, not from data.
+    ``compiled`` is for a launcher that reuses the kernel Triton compiled (the package's)."""
+
+    __slots__ = ("grid", "scalars", "constexprs", "num_warps", "compiled")
+
+    def __init__(self, grid, scalars, constexprs, num_warps):
+        self.grid, self.scalars, self.constexprs, self.num_warps = grid, scalars, constexprs, num_warps
+        self.compiled = {}
+
+
+_PLANS: dict = {}  # call signature -> Plan; cleared when it grows past _MAX_PLANS
+_MAX_PLANS = 4096
+
+
+def launch(kernel, plan: Plan, pointers: Sequence[torch.Tensor]):
+    """Launch through Triton's own dispatch. (The rope_kernels package replaces this with a
+    launcher that skips Triton's per-call argument analysis; a copy of this file needs none.)"""
+    return kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
+                             num_warps=plan.num_warps)
+
+
+def _max_offset(sizes, strides) -> int:
+    return sum((n - 1) * abs(st) for n, st in zip(sizes, strides) if n > 0)
+
+
+def _plan(q, q_out, k, k_out, v, v_out, positions, start_positions, angles, rotary_dim, interleaved, backward, cp_size, cp_rank, t_strides, p_strides):
+    """q, k (and v) are [s, b, g, u, d] views (v: u = 1); see ``rope_qk_parts``."""
+    seq_len, batch, q_heads = q.shape[0], q.shape[1], q.shape[2] * q.shape[3]
+    k_heads = k.shape[2] * k.shape[3]
+    head_dim = q.shape[4]
+    on_gpu = q.device.type == "cuda"
+    cfg = default_config(seq_len, q_heads, k_heads, head_dim, q.element_size(), on_gpu,
+                         interleaved)
+    block_h = cfg["block_h"]
+    q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_h)
+    v_heads = v.shape[2] if v is not None else 0
+    v_dim = v.shape[4] if v is not None else 0
+    part_blocks = q_blocks + k_blocks + triton.cdiv(v_heads, block_h)
+    grid = (triton.cdiv(seq_len, cfg["block_s"]) * batch * part_blocks, 1, 1)
+    tensors = [q, q_out, k, k_out] + ([v, v_out] if v is not None else [])
+    int64 = max(_max_offset(a.shape, a.stride()) for a in tensors) >= 2**31 - 1
+    v_strides = ((v.stride(0), v.stride(1), v.stride(2), v.stride(4),
+                  v_out.stride(0), v_out.stride(1), v_out.stride(2), v_out.stride(4))
+                 if v is not None else (0,) * 8)
+    scalars = (seq_len, batch, q_heads, k_heads, v_heads, q.shape[3], k.shape[3], rotary_dim,
+               head_dim, v_dim, *q.stride(), *q_out.stride(), *k.stride(), *k_out.stride(),
+               *v_strides, *t_strides, *p_strides, cp_size, cp_rank, q_blocks, k_blocks,
+               part_blocks)
+    constexprs = dict(
+        ANGLES=angles,
+        HAS_POSITIONS=positions is not None,
+        HAS_START=start_positions is not None,
+        USE_CP=cp_size > 1,
+        HAS_V=v is not None,
+        INTERLEAVED=bool(interleaved),
+        BACKWARD=bool(backward),
+        # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).
+        FAST_TRIG=(angles == 0 and q.dtype != torch.float32 and on_gpu and not INTERPRETED
+                   and torch.version.hip is None),
+        INT64=int64,
+        BLOCK_S=cfg["block_s"],
+        BLOCK_H=block_h,
+        HALF=_next_pow2(rotary_dim // 2),
+        PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
+        V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
+    )
+    return Plan(grid, scalars, constexprs, cfg["num_warps"])
+
+
+def rope_qk_parts(q, q_out, k, k_out, v=None, v_out=None, *, angles: str, table: torch.Tensor,
+                  sin: Optional[torch.Tensor] = None, rotary_dim: int,
+                  positions: Optional[torch.Tensor] = None,
+                  start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
+                  backward: bool = False, cp_size: int = 1, cp_rank: int = 0,
+                  k_table: Optional[torch.Tensor] = None) -> None:
+    """The general launcher: every part a ``[s, b, g, u, d]`` view (v: ``u == 1``), outputs
+    written in place of ``q_out``, ``k_out``, ``v_out`` (which may be the inputs themselves).
+
+    ``table``: the angle table ``[rows, ..., rotary_dim]`` (angles "freqs"; ``k_table`` for k,
+    same shape and strides), the cos/sin cache ``[rows, rotary_dim]`` ("cache"), or cos
+    ``[b, s, rotary_dim]`` with ``sin`` alike ("cos_sin"). ``positions``: int ``[s, b]``.
+    """
+    if q.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError("rope_qk got CPU tensors but the Triton interpreter is off: move the "
+                           "tensors to a GPU, or set TRITON_INTERPRET=1 before importing this "
+                           "module (e.g. `TRITON_INTERPRET=1 python ...`).")
+    if q.numel() == 0 and k.numel() == 0 and (v is None or v.numel() == 0):
+        return
+    code = ANGLES[angles]
+    if code == 2:
+        t_strides = (table.stride(0), table.stride(1), table.stride(-1))
+    else:
+        t_strides = (0, table.stride(0), table.stride(-1))
+    p_strides = tuple(positions.stride()) if positions is not None else (0, 0)
+    key = (q.shape, q.stride(), q_out.stride(), k.shape, k.stride(), k_out.stride(),
+           None if v is None else (v.shape, v.stride(), v_out.stride()), q.dtype, q.device,
+           code, t_strides, table.dtype, p_strides,
+           None if positions is None else positions.dtype,
+           None if start_positions is None else start_positions.dtype,
+           rotary_dim, bool(interleaved), bool(backward), cp_size, cp_rank)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(q, q_out, k, k_out, v, v_out, positions, start_positions, code, rotary_dim, interleaved, backward, cp_size, cp_rank, t_strides, p_strides)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    # Unused pointer arguments get q as a placeholder; constexpr flags keep them unread.
+    launch(rope_qk_kernel, plan, (
+        q, q_out, k, k_out, v if v is not None else q, v_out if v is not None else q,
+        table, k_table if k_table is not None else table, sin if sin is not None else table,
+        positions if positions is not None else q,
+        start_positions if start_positions is not None else q))
+
+
+# ---------------------------------------------------------------------------------------------
+# The three conventions
+# ---------------------------------------------------------------------------------------------
+def _sbhd(t: torch.Tensor, tensor_format: str) -> torch.Tensor:
+    return t.transpose(0, 1) if tensor_format == "bshd" else t
+
+
+def rope_qkv(qkv: torch.Tensor, q_freqs: torch.Tensor, k_freqs: torch.Tensor,
+             qkv_split_arg_list: Sequence[int], tensor_format: str = "sbhd",
+             start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
+             cp_size: int = 1, cp_rank: int = 0):
+    """TransformerEngine's fused QKV RoPE, forward: one launch.
+
+    ``qkv`` ``[s, b, h, q_split + k_split + v_split]`` (sbhd) or ``[b, s, h, ...]`` (bshd), any
+    strides; ``q_freqs``, ``k_freqs`` float32 ``[max_pos, 1, 1, rotary_dim]``. Returns new
+    contiguous ``q [s, b, h * q_split / k_split, k_split]``, ``k [s, b, h, k_split]`` and
+    ``v [s, b, h, v_split]`` (bshd: s and b exchanged), as TransformerEngine does.
+    """
+    q_split, k_split, v_split = (int(n) for n in qkv_split_arg_list)
+    n_q = q_split // k_split
+    lead = qkv.shape[:2]
+    h = qkv.shape[2]
+    q_out = torch.empty((*lead, h * n_q, k_split), dtype=qkv.dtype, device=qkv.device)
+    k_out = torch.empty((*lead, h, k_split), dtype=qkv.dtype, device=qkv.device)
+    v_out = torch.empty((*lead, h, v_split), dtype=qkv.dtype, device=qkv.device)
+    x = _sbhd(qkv, tensor_format)
+    q = x[..., :q_split].unflatten(-1, (n_q, k_split))
+    k = x[..., q_split:q_split + k_split].unsqueeze(3)
+    v = x[..., q_split + k_split:].unsqueeze(3)
+    # Views, never copies: the kernel writes through them into the three outputs.
+    views = [_sbhd(o, tensor_format).unflatten(2, (h, -1)) for o in (q_out, k_out, v_out)]
+    if k_freqs.stride() != q_freqs.stride():
+        q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
+    rope_qk_parts(q, views[0], k, views[1], v, views[2], angles="freqs", table=q_freqs,
+                  k_table=k_freqs, rotary_dim=q_freqs.shape[-1], start_positions=start_positions,
+                  interleaved=interleaved, cp_size=cp_size, cp_rank=cp_rank)
+    return q_out, k_out, v_out
+
+
+def rope_qkv_backward(q_grad: torch.Tensor, k_grad: torch.Tensor, v_grad: torch.Tensor,
+                      q_freqs: torch.Tensor, k_freqs: torch.Tensor,
+                      qkv_split_arg_list: Sequence[int], tensor_format: str = "sbhd",
+                      start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
+                      cp_size: int = 1, cp_rank: int = 0) -> torch.Tensor:
+    """Gradient of ``rope_qkv`` with respect to qkv (one launch): q and k rotated back by
+    R(-theta), v copied, all written into one new contiguous qkv-shaped tensor."""
+    q_split, k_split, v_split = (int(n) for n in qkv_split_arg_list)
+    n_q = q_split // k_split
+    lead, h = k_grad.shape[:2], k_grad.shape[2]
+    grad = torch.empty((*lead, h, q_split + k_split + v_split), dtype=k_grad.dtype,
+                       device=k_grad.device)
+    g = _sbhd(grad, tensor_format)
+    # Any strides (a gradient of `out.sum()` has stride 0 everywhere): views, never copies.
+    ins = [_sbhd(x, tensor_format).unflatten(2, (h, -1)) for x in (q_grad, k_grad, v_grad)]
+    if k_freqs.stride() != q_freqs.stride():
+        q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
+    rope_qk_parts(ins[0], g[..., :q_split].unflatten(-1, (n_q, k_split)),
+                  ins[1], g[..., q_split:q_split + k_split].unsqueeze(3),
+                  ins[2], g[..., q_split + k_split:].unsqueeze(3),
+                  angles="freqs", table=q_freqs, k_table=k_freqs, rotary_dim=q_freqs.shape[-1],
+                  start_positions=start_positions, interleaved=interleaved, backward=True,
+                  cp_size=cp_size, cp_rank=cp_rank)
+    return grad
+
+
+def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                       query_out: Optional[torch.Tensor] = None,
+                       key_out: Optional[torch.Tensor] = None, backward: bool = False):
+    """FlashInfer/vLLM convention: ``positions`` int [num_tokens], ``query``
+    [num_tokens, num_q_heads * head_size] (or [num_tokens, num_q_heads, head_size]), ``key``
+    likewise with its own head count, ``cos_sin_cache`` float32 [max_position, rotary_dim] (cos
+    in the first half of a row, sin in the second). ``is_neox``: half-split pairs, else GPT-J's
+    interleaved pairs. Writes into ``query_out``/``key_out`` (new tensors if None; pass the
+    inputs for in place) and returns them, shaped like the inputs."""
+    if query_out is None:
+        query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if key_out is None:
+        key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
+    n = query.shape[0]
+
+    def heads(x):  # [T, H*D] or [T, H, D] -> [T, 1, H, 1, D]
+        return x.view(n, -1, head_size)[:, None, :, None, :] if x.dim() == 2 else x[:, None, :, None, :]
+
+    rope_qk_parts(heads(query), heads(query_out), heads(key), heads(key_out), angles="cache",
+                  table=cos_sin_cache, rotary_dim=cos_sin_cache.shape[-1],
+                  positions=positions[:, None], interleaved=not is_neox, backward=backward)
+    return query_out, key_out
+
+
+def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 heads_axis: int = 1, backward: bool = False):
+    """Hugging Face convention: ``q`` [b, h, s, d] (``heads_axis=1``) or [b, s, h, d]
+    (``heads_axis=2``), any strides, ``k`` alike with its own head count; ``cos``, ``sin``
+    [b, s, rotary_dim] (or [s, rotary_dim]), half-split pairs, channels past rotary_dim copied.
+    Returns new contiguous q and k."""
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+
+    def view(x):  # -> [s, b, h, 1, d]
+        x = x.permute(2, 0, 1, 3) if heads_axis == 1 else x.transpose(0, 1)
+        return x.unsqueeze(3)
+
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    b = q.shape[0]
+    cos, sin = cos.expand(b, *cos.shape[1:]), sin.expand(b, *sin.shape[1:])
+    if sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    rope_qk_parts(view(q), view(q_out), view(k), view(k_out), angles="cos_sin", table=cos,
+                  sin=sin, rotary_dim=cos.shape[-1], backward=backward)
+    return q_out, k_out
