@@ -13,8 +13,6 @@ signature and results, runs q and k in one launch, is differentiable and traceab
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from . import _ops
@@ -25,7 +23,7 @@ __all__ = ["apply_rotary_pos_emb"]
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         position_ids: Optional[torch.Tensor] = None, unsqueeze_dim: int = 1):
+                         unsqueeze_dim: int = 1):
     """RoPE on q and k with the model's cos and sin, as ``transformers``' Llama function.
 
     Args:
@@ -35,7 +33,6 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         cos, sin: ``[b, s, rotary_dim]`` (or ``[s, rotary_dim]``, or batch 1 for all), the
             rotary module's output: half-split layout ``cat(freqs, freqs)``, any float dtype;
             ``rotary_dim <= d``, channels past it are copied (GPT-NeoX's partial rotary).
-        position_ids: ignored, as in transformers (kept for older call sites).
         unsqueeze_dim: the axis of q and k that holds the heads.
 
     Returns:

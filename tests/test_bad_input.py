@@ -62,9 +62,10 @@ CASES = [
      ValueError, ["start_positions must have shape [2]", "(3,)"]),
     ("float start_positions", dict(start_positions=torch.zeros(B, device=DEVICE)), TypeError,
      ["start_positions must have dtype", "torch.float32"]),
-    ("start_positions with cp", dict(freqs=_emb(rows=4 * S), cp_size=2, start_positions=torch.zeros(
-        B, dtype=torch.int32, device=DEVICE)), ValueError, ["start_positions must be None",
-                                                            "cp_size=2"]),
+    ("table shorter than sequence x cp_size + start", dict(
+        freqs=_emb(rows=2 * S + 2), cp_size=2, start_positions=torch.tensor(
+            [3, 0], dtype=torch.int32, device=DEVICE)), ValueError,
+     ["freqs has 18 rows", "at least 19", "cp_size 2", "start position"]),
     ("cp_rank out of range", dict(freqs=_emb(rows=2 * S), cp_size=2, cp_rank=2), ValueError,
      ["cp_rank must be an int in [0, cp_size=2)", "2"]),
     ("negative cp_rank", dict(cp_rank=-1), ValueError, ["cp_rank", "-1"]),
@@ -141,3 +142,17 @@ def test_validate_false_skips_only_value_checks():
     assert out.shape == t.shape
     with pytest.raises(ValueError, match="cu_seqlens is required"):
         apply_rotary_pos_emb(t, _emb(), "thd", fused=True, validate=False)
+
+
+def test_remembered_signature_still_checks_values_and_flags():
+    """Metadata checks are remembered per call signature; values, and flag types that compare
+    equal (1 == True), must still be checked on every call."""
+    starts = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        apply_rotary_pos_emb(_t(), _emb(rows=S + 2), start_positions=starts, fused=True)
+    with pytest.raises(ValueError, match="at least 11"):
+        apply_rotary_pos_emb(_t(), _emb(rows=S + 2), fused=True,
+                             start_positions=torch.tensor([0, 3], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        apply_rotary_pos_emb(_t(), _emb(rows=S + 2), start_positions=starts, interleaved=0,
+                             fused=True)

@@ -1,9 +1,11 @@
-"""rope_2d's launch path: launch plans cached by call signature, and (on a GPU) the thin launch
-that calls the kernel Triton compiled for a signature without going through Triton's dispatch.
+"""rope_2d's launch path: launch plans cached by call signature, and (on a GPU) the package's thin
+launch (rope_kernels/_launch.py) that calls the kernel Triton compiled for a signature without
+going through Triton's dispatch.
 
 The thin launch is only correct if, for a given plan, the kernel it reuses is the one Triton's
 dispatch would pick. These tests check exactly that (same CompiledKernel object) over dtypes,
-layouts, strides and pointer alignments, and that repeated calls with fresh data stay correct.
+layouts, strides and pointer alignments, that repeated calls with fresh data stay correct, and
+that every broken part of its contract falls back to Triton's dispatch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU, assert_rope_close, randn
-from rope_kernels import RotaryPositionEmbedding, rope_2d, rope_reference
+from rope_kernels import RotaryPositionEmbedding, _launch, rope_2d, rope_reference
 
 # The module (the package exports the function under the same name).
 r2 = importlib.import_module("rope_kernels.rope_2d")
@@ -73,7 +75,7 @@ def test_thin_launch_reuses_the_kernel_triton_picks(fmt, dtype, seed, monkeypatc
     emb = RotaryPositionEmbedding(32, device=DEVICE)(20)
     for name, t in _views(fmt, dtype, seed):
         out = torch.empty_like(t)
-        for _ in range(2):  # the second call takes the thin path
+        for _ in range(3):  # two dispatches confirm the kernel, the third call takes the thin path
             rope_2d(t, emb, fmt, out=out, **kw)
         plans = [p for k, p in r2._PLANS.items()
                  if k[1] == t.shape and k[2] == t.stride() and k[3] == out.stride()
@@ -111,7 +113,7 @@ def test_launch_hook_disables_thin_path(seed):
     seen = []
     emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
     t = randn((8, 2, 4, 32), torch.float32, seed)
-    for _ in range(2):  # the plan and kernel exist: the next call would take the thin path
+    for _ in range(3):  # the plan and kernel exist: the next call would take the thin path
         rope_2d(t, emb)
     chain = knobs.runtime.launch_enter_hook
     hook = lambda metadata: seen.append(metadata)  # noqa: E731
@@ -127,7 +129,69 @@ def test_launch_hook_disables_thin_path(seed):
         else:
             knobs.runtime.launch_enter_hook = chain
     assert len(seen) == 1
-    assert not r2._launch_hooks_installed()
+    assert not _launch.hooks_installed()
+
+
+def _confirmed_plan(t, emb):
+    """The plan of rope_2d(t, emb) after enough calls for the thin path to own it."""
+    r2._PLANS.clear()
+    for _ in range(3):
+        rope_2d(t, emb)
+    (plan,) = r2._PLANS.values()
+    (key, compiled), = plan.compiled.items()
+    assert compiled is not None and not isinstance(compiled, _launch._Pending)
+    return plan, key, compiled
+
+
+@gpu
+def test_thin_launch_falls_back_when_the_launcher_rejects_the_call(seed, monkeypatch):
+    """A Triton whose CompiledKernel.run takes other arguments: the call must still be right,
+    through Triton's dispatch, and the thin path switch itself off with a warning."""
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    t = randn((8, 2, 4, 32), torch.bfloat16, seed)
+    plan, key, compiled = _confirmed_plan(t, emb)
+
+    class Changed:  # a launcher with another signature
+        function, packed_metadata = compiled.function, compiled.packed_metadata
+
+        def run(self, *args):
+            raise TypeError(f"function takes exactly {len(args) + 1} arguments")
+
+    plan.compiled[key] = Changed()
+    t2 = randn(t.shape, torch.bfloat16, seed + 1)
+    with pytest.warns(RuntimeWarning, match="thin launch path off"):
+        out = rope_2d(t2, emb)
+    assert_rope_close(out, rope_reference(t2.double(), emb), torch.bfloat16)
+    assert _launch.ENABLED is False
+    out = rope_2d(t2, emb)  # and from now on, Triton's dispatch
+    assert_rope_close(out, rope_reference(t2.double(), emb), torch.bfloat16)
+
+
+@gpu
+def test_thin_launch_needs_the_same_kernel_twice(seed, monkeypatch):
+    """If Triton's dispatch returns another kernel the second time for the same plan, device and
+    alignments, something outside the plan's key went into its choice: never reuse it."""
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    plan, key, compiled = _confirmed_plan(t, emb)
+    plan.compiled[key] = _launch._Pending(object())  # "the first dispatch returned another one"
+    rope_2d(t, emb)
+    assert plan.compiled[key] is None  # marked: never reuse
+    for _ in range(2):  # later calls go through the dispatch and do not re-confirm
+        assert_rope_close(rope_2d(t, emb), rope_reference(t.double(), emb), torch.float32)
+        assert plan.compiled[key] is None
+
+
+@gpu
+def test_thin_launch_steps_aside_for_triton_debug_mode(seed, monkeypatch):
+    knobs = pytest.importorskip("triton").knobs
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    _confirmed_plan(t, emb)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    assert not _launch._dispatch_is_plain(r2.rope_2d_kernel)
 
 
 def test_plan_cache_is_bounded(monkeypatch, seed):

@@ -65,8 +65,6 @@ def test_fused_rope(kernel, dtype, seq_length, hidden_size, rotary_percent, marg
                     tensor_format, loss_func, cp_size, interleaved, start_positions, seed):
     if margin == 0 and start_positions:
         pytest.skip("TE: start_positions needs a table longer than the sequence (margin > 0)")
-    if start_positions and cp_size > 1:
-        pytest.skip("TE: start_positions is for inference, cp_size > 1 for training")
     if ON_GPU and kernel == "1d" and seq_length > 2048:
         pytest.skip("the 1-D kernel runs TE's sizes at seq 2048 only, to bound GPU time")
     g = torch.Generator().manual_seed(seed)
@@ -97,8 +95,6 @@ def test_fused_rope(kernel, dtype, seq_length, hidden_size, rotary_percent, marg
 def test_fused_rope_thd(kernel, dtype, hidden_size, rotary_percent, transpose, loss_func, cp_size,
                         interleaved, start_positions, seed):
     margin = 10
-    if start_positions and cp_size > 1:
-        pytest.skip("TE: start_positions is for inference, cp_size > 1 for training")
     g = torch.Generator().manual_seed(seed)
     n_seqs = len(CU_SEQLENS) - 1
     starts = (torch.randint(0, margin, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)

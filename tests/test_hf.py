@@ -1,0 +1,159 @@
+"""rope_kernels.hf.apply_rotary_pos_emb against Hugging Face transformers' own code: its Llama
+and GPT-NeoX (partial rotary) functions on the cos/sin its rotary modules produce, and tiny
+randomly initialised Llama and GPT-NeoX models (no downloads) whose logits and gradients must not
+change when our function is assigned over theirs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICE, assert_rope_close, randn
+import rope_kernels.hf
+from rope_kernels import rope_qk
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+
+def _llama_config(**kw):
+    return transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=128, **kw)
+
+
+def _neox_config():
+    return transformers.GPTNeoXConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      max_position_embeddings=128, rotary_pct=0.5)
+
+
+def _cos_sin(module, b, s, dtype, seed):
+    """cos/sin from the model's own rotary module at non-trivial per-sequence positions."""
+    g = torch.Generator().manual_seed(seed)
+    position_ids = (torch.arange(s)[None] + torch.randint(0, 60, (b, 1), generator=g)).to(DEVICE)
+    x = torch.zeros(b, s, 1, dtype=dtype, device=DEVICE)
+    return module.to(DEVICE)(x, position_ids)
+
+
+def _reference(x, cos, sin, unsqueeze_dim):
+    """float64 version of transformers' formula (what the model means, without its rounding)."""
+    cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
+    r = cos.shape[-1]
+    rot, rest = x.double()[..., :r], x.double()[..., r:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("model", ["llama", "gpt_neox"])
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_matches_transformers_function(dtype, model, unsqueeze_dim, seed):
+    b, s, hq, hk, d = 2, 5, 4, 2, 16
+    if model == "llama":
+        module = modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=d))
+        theirs = modeling_llama.apply_rotary_pos_emb
+    else:
+        module = modeling_gpt_neox.GPTNeoXRotaryEmbedding(_neox_config())
+        theirs = modeling_gpt_neox.apply_rotary_pos_emb
+    cos, sin = _cos_sin(module, b, s, dtype, seed)
+    # The layout models hand over: projections viewed as [b, s, h, d], transposed to [b, h, s, d].
+    q = randn((b, s, hq, d), dtype, seed)
+    k = randn((b, s, hk, d), dtype, seed + 1)
+    if unsqueeze_dim == 1:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    before = (q.clone(), k.clone())
+    ours = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+    ref = theirs(q, k, cos, sin, unsqueeze_dim)
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    for name, o, r, x in zip("qk", ours, ref, (q, k)):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        # Against the exact result: within the output's rounding (we compute in float32).
+        assert_rope_close(o, _reference(x, cos, sin, unsqueeze_dim), dtype, name)
+        # Against transformers' own arithmetic, which rounds each product in 16-bit dtypes.
+        tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+        torch.testing.assert_close(o, r, rtol=tol, atol=tol)
+
+
+def test_one_launch_and_gradient(seed, monkeypatch):
+    launches = []
+    real = rope_qk.launch
+    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real(*a))
+    module = modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=16))
+    cos, sin = _cos_sin(module, 2, 6, torch.float32, seed)
+    q = randn((2, 6, 4, 16), torch.float32, seed).transpose(1, 2).requires_grad_(True)
+    k = randn((2, 2, 6, 16), torch.float32, seed + 1).requires_grad_(True)
+    qo, ko = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    assert len(launches) == 1
+    wq, wk = randn(qo.shape, torch.float32, 7), randn(ko.shape, torch.float32, 8)
+    ((qo * wq).sum() + (ko * wk).sum()).backward()
+    assert len(launches) == 2
+    q2, k2 = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+    rq, rk = modeling_llama.apply_rotary_pos_emb(q2, k2, cos, sin)
+    ((rq * wq).sum() + (rk * wk).sum()).backward()
+    torch.testing.assert_close(q.grad, q2.grad)
+    torch.testing.assert_close(k.grad, k2.grad)
+
+
+def _logits_and_grads(model, ids):
+    model.zero_grad()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                 if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_tiny_model_unchanged(arch, seed, monkeypatch):
+    """A tiny random model (fp32, eager attention): logits and every parameter's gradient match
+    with our function assigned over transformers' (the way a user swaps it in)."""
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config, cls, module = _llama_config(), transformers.LlamaForCausalLM, modeling_llama
+    else:
+        config, cls, module = _neox_config(), transformers.GPTNeoXForCausalLM, modeling_gpt_neox
+    config._attn_implementation = "eager"
+    model = cls(config).to(DEVICE)
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed)
+                        ).to(DEVICE)
+    logits, grads = _logits_and_grads(model, ids)
+    calls = []
+
+    def ours(*args, **kw):
+        calls.append(1)
+        return rope_kernels.hf.apply_rotary_pos_emb(*args, **kw)
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
+    logits2, grads2 = _logits_and_grads(model, ids)
+    assert len(calls) == config.num_hidden_layers
+    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
+    assert grads2.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+BAD = [
+    ("unsqueeze_dim 3", dict(unsqueeze_dim=3), ValueError, ["unsqueeze_dim must be 1", "3"]),
+    ("cos wider than head_dim", dict(cos="wide", sin="wide"), ValueError,
+     ["rotary_dim) must be even, positive and <= head_dim (16)", "32"]),
+    ("cos of another length", dict(cos="short", sin="short"), ValueError,
+     ["cos must be [b or 1, s, rotary_dim]", "s = 5"]),
+    ("k of another head_dim", dict(k="narrow"), ValueError, ["k must match q"]),
+    ("float64 q", dict(q="f64"), TypeError, ["q must have dtype", "torch.float64"]),
+    ("sin of another shape", dict(sin="short"), ValueError, ["cos and sin must have one shape"]),
+]
+
+
+@pytest.mark.parametrize("case,changes,exc,words", BAD, ids=[c[0] for c in BAD])
+def test_bad_input(case, changes, exc, words):
+    q, k = randn((2, 4, 5, 16), torch.float32, 1), randn((2, 2, 5, 16), torch.float32, 2)
+    cos = sin = randn((2, 5, 16), torch.float32, 3)
+    made = {"wide": randn((2, 5, 32), torch.float32, 4), "short": randn((2, 4, 16), torch.float32, 5),
+            "narrow": randn((2, 2, 5, 8), torch.float32, 6), "f64": q.double()}
+    args = dict(q=q, k=k, cos=cos, sin=sin)
+    args.update({n: made.get(v, v) if isinstance(v, str) else v for n, v in changes.items()})
+    with pytest.raises(exc) as info:
+        rope_kernels.hf.apply_rotary_pos_emb(**args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
