@@ -35,7 +35,8 @@ from .rope_2d import rope_2d
 FIGURES = pathlib.Path(__file__).resolve().parents[1] / "figures"
 DEFAULT = dict(seq_len=4096, batch=16, heads=32, head_dim=128, rotary_percent=1.0)
 COLUMNS = ["gpu", "impl", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads",
-           "head_dim", "rotary_dim", "n_seqs", "sweep", "ms", "gbps", "copy_gbps", "timing"]
+           "head_dim", "rotary_dim", "n_seqs", "sweep", "ms", "gbps", "copy_gbps", "timing",
+           "entry", "k_heads"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -235,6 +236,49 @@ def _liger():
     return make
 
 
+def _flash_attn_module():
+    """flash-attn's Triton rotary (flash_attn/ops/triton/rotary.py): from an installed flash-attn,
+    else from a copy of that one file at $ROPE_PEER_DIR/flash_attn_rotary.py (it imports only
+    torch and triton; the benchmark on the GPU machine carries it there)."""
+    try:
+        from flash_attn.ops.triton import rotary  # type: ignore
+        return rotary
+    except Exception:  # noqa: BLE001
+        pass
+    import importlib.util
+    import os
+
+    path = pathlib.Path(os.environ.get("ROPE_PEER_DIR", "")) / "flash_attn_rotary.py"
+    if not os.environ.get("ROPE_PEER_DIR") or not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("flash_attn_rotary", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _flash_attn():
+    """flash-attn's apply_rotary: bshd (its layout) and thd (cu_seqlens + max_seqlen); cos/sin
+    [seqlen, rotary_dim / 2] in x's dtype; backward = conjugate (sin negated) on the gradient."""
+    module = _flash_attn_module()
+    if module is None:
+        return None
+
+    def make(p: Problem, direction: str):
+        if p.tensor_format not in ("bshd", "thd"):
+            return None
+        half = p.freqs[: p.max_len, 0, 0, : p.rotary_dim // 2]
+        if p.interleaved:
+            half = p.freqs[: p.max_len, 0, 0, 0::2]
+        cos, sin = half.cos().to(p.t.dtype), half.sin().to(p.t.dtype)
+        x = p.t if direction == "forward" else p.grad
+        kw = dict(interleaved=p.interleaved, conjugate=direction == "backward")
+        if p.tensor_format == "thd":
+            kw.update(cu_seqlens=p.cu_seqlens, max_seqlen=p.max_len)
+        return lambda: module.apply_rotary(x, cos, sin, **kw)
+    return make
+
+
 def _cuda_graph(launcher):
     """Our kernel captured once in a CUDA graph and replayed: what a decode loop that uses
     graphs (as serving stacks do) pays per call, with no Python launch path at all."""
@@ -271,6 +315,9 @@ def implementations(decode: bool = False) -> dict:
     liger = _liger()
     if liger is not None:
         impls["Liger-Kernel (q+k, in place)"] = liger
+    flash = _flash_attn()
+    if flash is not None:
+        impls["flash-attn rotary (Triton)"] = flash
     return impls
 
 
@@ -280,8 +327,215 @@ def missing_peers() -> list[str]:
         names.append("TransformerEngine (not importable: needs its CUDA build)")
     if _liger() is None:
         names.append("Liger-Kernel (not importable)")
-    names.append("flash-attn rotary (not importable without flash-attn's CUDA extension)")
+    if _flash_attn_module() is None:
+        names.append("flash-attn rotary (neither flash-attn nor $ROPE_PEER_DIR/flash_attn_rotary.py)")
     return names
+
+
+# ---------------------------------------------------------------------------------------------
+# The other entry points: q and k together (serving, Hugging Face), fused QKV (TransformerEngine)
+# ---------------------------------------------------------------------------------------------
+def _hf_formula(q, k, cos, sin):
+    """transformers' Llama formula in plain PyTorch: the eager baseline of the q+k problems."""
+    def rot(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+class QKProblem:
+    """q [b, s, q_heads, d] and k [b, s, k_heads, d] (the memory of the projections), rotated at
+    positions 0..s-1 of each sequence; every implementation gets the layout its API expects as a
+    view of that memory (tokens x heads*d for the cos/sin cache, [b, h, s, d] for HF and Liger).
+    Bytes: q and k read and written once + the float32 cos/sin rows of the s positions."""
+
+    tensor_format = "qk"
+
+    def __init__(self, dtype="bf16", seq_len=4096, batch=16, heads=32, k_heads=8, head_dim=128,
+                 rotary_percent=1.0, seed=0):
+        self.dtype_name, self.seq_len, self.batch = dtype, seq_len, batch
+        self.heads, self.k_heads, self.head_dim = heads, k_heads, head_dim
+        dtype = DTYPES[dtype]
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        mk = lambda h: torch.randn((batch, seq_len, h, head_dim), device="cuda", dtype=dtype,  # noqa: E731
+                                   generator=g)
+        self.q, self.k, self.gq, self.gk = mk(heads), mk(k_heads), mk(heads), mk(k_heads)
+        self.rotary_dim = int(head_dim * rotary_percent)
+        inv = 1.0 / 10000 ** (torch.arange(0, self.rotary_dim, 2, device="cuda") / self.rotary_dim)
+        f = torch.outer(torch.arange(seq_len, device="cuda", dtype=torch.float32), inv)
+        self.cache = torch.cat((f.cos(), f.sin()), dim=-1)
+        self.cos, self.sin = (torch.cat((f, f), -1).cos().to(dtype)[None],
+                              torch.cat((f, f), -1).sin().to(dtype)[None])
+        self.positions = torch.arange(seq_len, device="cuda").repeat(batch)
+        self.n_seqs = batch
+
+    @property
+    def nbytes(self) -> int:
+        return (2 * (self.q.numel() + self.k.numel()) * self.q.element_size()
+                + self.seq_len * self.rotary_dim * 4)
+
+    def tokens(self, x):  # [b, s, h, d] -> [b*s, h*d]
+        return x.view(self.batch * self.seq_len, -1)
+
+    def row(self) -> dict:
+        return dict(tensor_format="qk", dtype=self.dtype_name, seq_len=self.seq_len,
+                    batch=self.batch, heads=self.heads, k_heads=self.k_heads,
+                    head_dim=self.head_dim, rotary_dim=self.rotary_dim, n_seqs=self.batch)
+
+
+def qk_implementations(decode: bool = False) -> dict:
+    from . import hf, rope_qk
+    from .api import apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace
+
+    def cache(p, direction, validate=False):
+        d = p.head_dim
+        if direction == "forward":
+            return lambda: apply_rope_with_cos_sin_cache(p.positions, p.tokens(p.q), p.tokens(p.k),
+                                                         d, p.cache, validate=validate)
+        return lambda: rope_qk.rope_cos_sin_cache(p.positions, p.tokens(p.gq), p.tokens(p.gk), d,
+                                                  p.cache, backward=True)
+
+    def inplace(p, direction):
+        if direction != "forward":
+            return None
+        return lambda: apply_rope_with_cos_sin_cache_inplace(
+            p.positions, p.tokens(p.q), p.tokens(p.k), p.head_dim, p.cache, validate=False)
+
+    def hf_call(p, direction):
+        if p.rotary_dim != p.head_dim and direction == "backward":
+            pass
+        q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
+        if direction == "forward":
+            return lambda: hf.apply_rotary_pos_emb(q, k, p.cos, p.sin)
+        gq, gk = p.gq.transpose(1, 2), p.gk.transpose(1, 2)
+        return lambda: rope_qk.rope_cos_sin(gq, gk, p.cos, p.sin, 1, backward=True)
+
+    def eager(p, direction):
+        if direction != "forward" or p.rotary_dim != p.head_dim:
+            return None
+        q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
+        return lambda: _hf_formula(q, k, p.cos, p.sin)
+
+    impls = {
+        "ours: cos_sin_cache, q+k one launch": cache,
+        "ours: cos_sin_cache in place": inplace,
+        "ours: hf.apply_rotary_pos_emb, q+k one launch": hf_call,
+        "torch eager (HF formula)": eager,
+    }
+    if decode:
+        impls["ours: cos_sin_cache, default call (positions checked)"] = (
+            lambda p, direction: cache(p, direction, validate=True) if direction == "forward" else None)
+        impls["ours: cos_sin_cache in place, CUDA graph replay"] = _qk_graph
+    liger = _liger_qk()
+    if liger is not None:
+        impls["Liger-Kernel (q+k, in place)"] = liger
+    return impls
+
+
+def _qk_graph(p, direction):
+    from .api import apply_rope_with_cos_sin_cache_inplace
+
+    if direction != "forward":
+        return None
+    q, k = p.tokens(p.q), p.tokens(p.k)
+    call = lambda: apply_rope_with_cos_sin_cache_inplace(p.positions, q, k, p.head_dim, p.cache)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
+def _liger_qk():
+    try:
+        from liger_kernel.ops.rope import rope_backward, rope_forward
+    except Exception:  # noqa: BLE001
+        return None
+
+    def make(p, direction):
+        if p.rotary_dim != p.head_dim:
+            return None  # Liger rotates whole heads only
+        q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
+        if direction == "forward":
+            return lambda: rope_forward(q, k, p.cos, p.sin)
+        gq, gk = p.gq.transpose(1, 2), p.gk.transpose(1, 2)
+        return lambda: rope_backward(gq, gk, p.cos, p.sin)
+    return make
+
+
+class QKVProblem:
+    """TransformerEngine's packed QKV [s, b, h, (n_q + 2) * d] -> q [s, b, h * n_q, d], k, v.
+    Bytes: qkv read once, q, k and v written once, + the float32 angle rows (q and k share one
+    table here)."""
+
+    tensor_format = "qkv"
+
+    def __init__(self, dtype="bf16", seq_len=4096, batch=16, heads=8, q_per_group=4, head_dim=128,
+                 rotary_percent=1.0, seed=0):
+        self.dtype_name, self.seq_len, self.batch, self.heads = dtype, seq_len, batch, heads
+        self.n_q, self.head_dim = q_per_group, head_dim
+        dtype = DTYPES[dtype]
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.qkv = torch.randn((seq_len, batch, heads, (q_per_group + 2) * head_dim), device="cuda",
+                               dtype=dtype, generator=g)
+        self.splits = [q_per_group * head_dim, head_dim, head_dim]
+        self.freqs = RotaryPositionEmbedding(head_dim, rotary_percent, device=torch.device("cuda"))(seq_len)
+        self.rotary_dim = self.freqs.shape[-1]
+        lead = (seq_len, batch)
+        self.grads = [torch.randn((*lead, heads * q_per_group, head_dim), device="cuda", dtype=dtype,
+                                  generator=g),
+                      torch.randn((*lead, heads, head_dim), device="cuda", dtype=dtype, generator=g),
+                      torch.randn((*lead, heads, head_dim), device="cuda", dtype=dtype, generator=g)]
+        self.n_seqs = batch
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.qkv.numel() * self.qkv.element_size() + self.seq_len * self.rotary_dim * 4
+
+    def row(self) -> dict:
+        return dict(tensor_format="qkv", dtype=self.dtype_name, seq_len=self.seq_len,
+                    batch=self.batch, heads=self.heads * self.n_q, k_heads=self.heads,
+                    head_dim=self.head_dim, rotary_dim=self.rotary_dim, n_seqs=self.batch)
+
+
+def _unfused_qkv(qkv, freqs, splits):
+    """TE's unfused recipe (what its test compares the fused kernel with): split, reshape q, two
+    RoPE calls; v is returned as the split view."""
+    q, k, v = torch.split(qkv, splits, dim=3)
+    q = q.reshape(*q.shape[:2], -1, splits[1])
+    return rope_reference(q, freqs), rope_reference(k, freqs), v
+
+
+def qkv_implementations() -> dict:
+    from . import rope_qk
+    from .api import apply_fused_qkv_rotary_pos_emb
+
+    def ours(p, direction):
+        if direction == "forward":
+            return lambda: apply_fused_qkv_rotary_pos_emb(p.qkv, p.freqs, p.freqs, p.splits,
+                                                          validate=False)
+        return lambda: rope_qk.rope_qkv_backward(*p.grads, p.freqs, p.freqs, p.splits)
+
+    def eager(p, direction):
+        if direction != "forward":
+            return None
+        return lambda: _unfused_qkv(p.qkv, p.freqs, p.splits)
+
+    def compiled(p, direction):
+        if direction != "forward" or p.dtype_name != "bf16":
+            return None
+        if "qkv" not in _compiled:
+            _compiled["qkv"] = torch.compile(_unfused_qkv)
+        return lambda: _compiled["qkv"](p.qkv, p.freqs, p.splits)
+
+    return {"ours: fused QKV, one launch": ours,
+            "torch eager (TE unfused: split + 2 calls)": eager,
+            "torch.compile (TE unfused: split + 2 calls)": compiled}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,19 +586,21 @@ def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps
         gbps = problem.nbytes / ms / 1e6
         rows.append(dict(gpu=torch.cuda.get_device_name(), impl=name, direction=direction,
                          sweep=sweep, ms=ms, gbps=gbps, copy_gbps=copy_gbps, timing=timing,
-                         **problem.row()))
+                         entry=problem.tensor_format if problem.tensor_format in ("qk", "qkv")
+                         else "te", **problem.row()))
     return rows
 
 
 def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd", "thd"),
-                   dtypes: Optional[Iterable[str]] = None) -> list[tuple]:
-    """Every problem of a run: (sweep, problem kwargs, tensor_format, dtype, is_decode)."""
+                   dtypes: Optional[Iterable[str]] = None, entries: bool = False) -> list[tuple]:
+    """Every problem of a run: (sweep, problem kwargs, tensor_format, dtype, is_decode). With
+    ``entries``, also the q+k ("qk") and fused QKV ("qkv") problems of the other entry points."""
     dtypes = list(dtypes or (["bf16"] if mode == "quick" else ["bf16", "fp16", "fp32"]))
     jobs = []
     for fmt in formats:
         for dtype in dtypes:
             if fmt == "thd":
-                n_list = [16, 4096] if mode == "quick" else [16, 256, 4096, 16384]
+                n_list = [16, 4096] if mode == "quick" else [16, 256, 4096, 16384, 65536]
                 for n in n_list:
                     jobs.append(("thd_n_seqs", dict(DEFAULT, n_seqs=n), fmt, dtype, False))
                 jobs.append(("rotary_percent", dict(DEFAULT, n_seqs=256, rotary_percent=0.5),
@@ -356,7 +612,30 @@ def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd",
                 jobs.append((sweep, kw, fmt, dtype, False))
     for b in ([1, 64] if mode == "quick" else [1, 8, 64, 256]):
         jobs.append(("decode", dict(DEFAULT, seq_len=1, batch=b), "bshd", "bf16", True))
+    if entries:
+        qk = dict(seq_len=4096, batch=16, heads=32, k_heads=8, head_dim=128)
+        points = ([("qk", qk), ("qk", dict(qk, seq_len=1024, batch=4))] if mode == "quick" else
+                  [("qk", dict(qk, seq_len=s)) for s in (1024, 2048, 4096, 8192)]
+                  + [("qk", dict(qk, batch=b)) for b in (1, 2, 4)]
+                  + [("qk", dict(qk, heads=h, k_heads=hk)) for h, hk in ((32, 32), (64, 8), (16, 4))]
+                  + [("qk", dict(qk, head_dim=64)), ("qk", dict(qk, rotary_percent=0.5))])
+        for dtype in (["bf16"] if mode == "quick" else ["bf16", "fp32"]):
+            jobs += [("qk", kw, "qk", dtype, False) for _, kw in points]
+        jobs.append(("decode", dict(qk, seq_len=1, batch=64), "qk", "bf16", True))
+        qkv = dict(seq_len=4096, batch=8, heads=8, q_per_group=4, head_dim=128)
+        for kw in ([qkv] if mode == "quick" else
+                   [qkv, dict(qkv, seq_len=2048, batch=2, heads=64, q_per_group=4),
+                    dict(qkv, q_per_group=1), dict(qkv, rotary_percent=0.5)]):
+            jobs.append(("qkv", kw, "qkv", "bf16", False))
     return jobs
+
+
+def make_problem(fmt: str, dtype: str, kw: dict):
+    if fmt == "qk":
+        return QKProblem(dtype, **kw)
+    if fmt == "qkv":
+        return QKVProblem(dtype, **kw)
+    return Problem(fmt, dtype, **kw)
 
 
 def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str] = ("sbhd", "bshd", "thd"),
@@ -376,11 +655,11 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
     copy_gbps = copy_bandwidth_gbps()
     prov = provenance(copy_gbps, mode)
     print(f"{prov['gpu']}: device-to-device copy {copy_gbps:.0f} GB/s (read + write)")
-    impls = implementations()
-    decode_impls = implementations(decode=True)
+    impls = {"te": implementations(), "qk": qk_implementations(), "qkv": qkv_implementations()}
+    decode_impls = {"te": implementations(decode=True), "qk": qk_implementations(decode=True)}
     for name in missing_peers():
         print("skipped:", name)
-    jobs = benchmark_jobs(mode, formats, dtypes)
+    jobs = benchmark_jobs(mode, formats, dtypes, entries=True)
     jobs.sort(key=lambda job: (job[3] != "bf16", not job[4]))  # bf16 first, decode early
     rows, started, skipped = [], time.time(), 0
     (out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
@@ -389,19 +668,21 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
         if budget_s is not None and time.time() - started > budget_s:
             skipped += 1
             continue
-        p = Problem(fmt, dtype, **kw)
+        p = make_problem(fmt, dtype, kw)
+        entry = fmt if fmt in ("qk", "qkv") else "te"
         # Decode is inference: forward only.
         for direction in ("forward",) if decode else ("forward", "backward"):
-            rows += measure(decode_impls if decode else impls, p, direction, sweep, copy_gbps,
-                            decode)
+            rows += measure((decode_impls if decode else impls)[entry], p, direction, sweep,
+                            copy_gbps, decode)
         del p
         torch.cuda.empty_cache()
-        pd.DataFrame(rows)[COLUMNS].to_csv(out / "bench.csv", index=False, float_format="%.6g")
+        pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(out / "bench.csv", index=False,
+                                                            float_format="%.6g")
     if skipped:
         print(f"time budget of {budget_s:.0f} s reached: {skipped} of {len(jobs)} problems not run")
         prov["not_run"] = f"{skipped} of {len(jobs)} problems (time budget {budget_s:.0f} s)"
         (out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    df = pd.DataFrame(rows)[COLUMNS]
+    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
     plot_all(df, prov, out)
     print(summary(df))
     return df, prov
@@ -457,7 +738,8 @@ def plot_all(df, prov: dict, out: pathlib.Path):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    for sweep in sorted(set(df.sweep) - {"decode"}):
+    te_rows = df[df["entry"].fillna("te") == "te"] if "entry" in df else df
+    for sweep in sorted(set(te_rows.sweep) - {"decode"}):
         fmt = "thd" if sweep == "thd_n_seqs" else "sbhd"
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
         for ax, direction in zip(axes, ("forward", "backward")):
@@ -467,32 +749,66 @@ def plot_all(df, prov: dict, out: pathlib.Path):
         plt.close(fig)
 
 
+PRIMARY = {"te": "triton-2d (ours)", "qk": "ours: cos_sin_cache, q+k one launch",
+           "qkv": "ours: fused QKV, one launch"}
+
+
 def summary(df) -> str:
-    """Per (format, dtype, direction): our 2-D kernel's fraction of the copy bandwidth on shapes
-    that move >= 256 MB (the target: >= 0.95), and on all shapes; and its speed-up over the
-    fastest other implementation measured at each shape (the target: >= 1)."""
-    keys = ["direction", "tensor_format", "dtype", "seq_len", "batch", "heads", "head_dim",
-            "rotary_dim", "n_seqs"]
+    """Per entry point (TE-style, q+k, fused QKV), format, dtype and direction: our kernel's
+    fraction of the copy bandwidth on shapes that move >= 256 MB (the target: >= 0.95) and on all
+    shapes, and its speed-up over the fastest other implementation measured at each shape (the
+    target: >= 1); then the worst of each, naming the shape and the peer; then decode."""
+    df = df.assign(entry=df["entry"].fillna("te") if "entry" in df else "te",
+                   k_heads=df["k_heads"].fillna(0) if "k_heads" in df else 0)
+    keys = ["entry", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads", "k_heads",
+            "head_dim", "rotary_dim", "n_seqs"]
     sized = df[df.sweep != "decode"].assign(mbytes=lambda d: d.gbps * d.ms)  # GB/s x ms = MB
-    ours = sized[sized.impl == "triton-2d (ours)"].set_index(keys)
-    others = sized[~sized.impl.str.contains("ours")].groupby(keys).ms.min()
-    joined = ours.join(others.rename("best_other_ms"))
+    ours = sized[sized.impl == sized.entry.map(PRIMARY)].set_index(keys)
+    others = sized[~sized.impl.str.contains("ours")]
+    best = others.loc[others.groupby(keys).ms.idxmin()].set_index(keys)[["ms", "impl"]]
+    joined = ours.join(best.rename(columns={"ms": "best_other_ms", "impl": "best_other"}))
     joined["copy_frac"] = joined.gbps / joined.copy_gbps
     joined["speedup"] = joined.best_other_ms / joined.ms
     big = joined[joined.mbytes >= 256]
-    table = joined.groupby(["tensor_format", "dtype", "direction"]).agg(
-        copy_frac_all_min=("copy_frac", "min"), speedup_min=("speedup", "min"))
-    table = big.groupby(["tensor_format", "dtype", "direction"]).agg(
-        copy_frac_256MB_min=("copy_frac", "min"),
-        copy_frac_256MB_median=("copy_frac", "median")).join(table, how="outer")
-    lines = ["triton-2d (ours): fraction of copy bandwidth, and speed-up over the fastest other "
-             "implementation at each shape\n" + table.round(3).to_string()]
+    group = ["entry", "tensor_format", "dtype", "direction"]
+    table = joined.groupby(group).agg(copy_frac_all_min=("copy_frac", "min"),
+                                      speedup_min=("speedup", "min"))
+    table = big.groupby(group).agg(copy_frac_256MB_min=("copy_frac", "min"),
+                                   copy_frac_256MB_median=("copy_frac", "median")).join(table,
+                                                                                      how="outer")
+    lines = ["ours (" + ", ".join(f"{k}: {v}" for k, v in PRIMARY.items()) + "): fraction of "
+             "copy bandwidth, and speed-up over the fastest other implementation at each shape\n"
+             + table.round(3).to_string()]
+    worst = []
+    for entry, grp in joined.reset_index().groupby("entry"):
+        big_e = grp[grp.mbytes >= 256]
+        if len(big_e):
+            r = big_e.loc[big_e.copy_frac.idxmin()]
+            worst.append(f"{entry}: worst fraction of copy (>= 256 MB) {r.copy_frac:.3f} at "
+                         f"{_shape(r)}")
+        rated = grp.dropna(subset=["speedup"])
+        if len(rated):
+            r = rated.loc[rated.speedup.idxmin()]
+            worst.append(f"{entry}: worst ratio to the fastest peer {r.speedup:.3f} "
+                         f"({r.best_other}) at {_shape(r)}")
+    if worst:
+        lines.append("\n".join(worst))
     dec = df[df.sweep == "decode"]
     if len(dec):
-        dec = dec.assign(us=dec.ms * 1e3).pivot_table(index="batch", columns="impl", values="us")
-        lines.append("decode forward (seq 1, heads 32, head_dim 128, bf16, bshd), microseconds "
-                     "per call back to back:\n" + dec.round(1).to_string())
+        dec = dec.assign(us=dec.ms * 1e3).pivot_table(index=["entry", "batch"], columns="impl",
+                                                      values="us")
+        lines.append("decode forward (seq 1, 32 heads (q+k: 32 q, 8 k), head_dim 128, bf16), "
+                     "microseconds per call back to back:\n"
+                     + dec.round(1).T.dropna(how="all").to_string())
     return "\n\n".join(lines)
+
+
+def _shape(r) -> str:
+    extra = f" k_heads {int(r['k_heads'])}" if r["k_heads"] else ""
+    return (f"{r['tensor_format']} {r['dtype']} {r['direction']} s{int(r['seq_len'])} "
+            f"b{int(r['batch'])} h{int(r['heads'])}{extra} d{int(r['head_dim'])} "
+            f"rot{int(r['rotary_dim'])}"
+            + (f" n_seqs {int(r['n_seqs'])}" if r["tensor_format"] == "thd" else ""))
 
 
 def show_recorded(folder: pathlib.Path = FIGURES) -> None:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# What a GPU run of this project checks, in one place (used for the recorded runs; each part can
+# be run alone). From the project root on a machine with a CUDA GPU:
+#   bash scripts/gpu_run.sh tests|te|latency|bench|notebooks [OUT_DIR]
+# tests:     the test suite with compiled kernels (8 pytest-xdist workers: more run an H200 out of
+#            memory on the > 2**31-element tests)
+# te:        TransformerEngine's own tests/pytorch/test_fused_rope.py against this package
+#            (needs ../shared/te from the study-group workspace; 6 workers)
+# latency:   scripts/launch_latency.py
+# bench:     python -m rope_kernels.bench --mode full (set ROPE_PEER_DIR for flash-attn's rotary)
+# notebooks: strict nbval of every notebook, benchmarks measured live
+set -uo pipefail
+part=${1:?tests|te|latency|bench|notebooks}
+out=${2:-/tmp/rope-gpu}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+case "$part" in
+  tests) python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -n 8 --tb=short "${@:3}" 2>&1 | tee "$out/tests.log" | tail -40 ;;
+  te) bash ../shared/te/run.sh "${@:3}" 2>&1 | tee "$out/te.log" | tail -15 ;;
+  latency) python3 scripts/launch_latency.py --out "$out/launch_latency.json" 2>&1 | tee "$out/latency.log" ;;
+  bench) python3 -m rope_kernels.bench --mode full --out "$out" --no-progress "${@:3}" 2>&1 | tee "$out/bench.log" | tail -60 ;;
+  notebooks) python3 -m pytest --nbval --nbval-current-env notebooks -q -p no:cacheprovider -o addopts="" "${@:3}" 2>&1 | tee "$out/notebooks.log" | tail -20 ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac

@@ -1,0 +1,135 @@
+"""Where the microseconds of a decode-sized RoPE call go, for every entry point (GPU only).
+
+    python scripts/launch_latency.py [--out figures/launch_latency.json]
+
+Each row is the time per call of a Python loop of back-to-back calls (CUDA events around 2000
+calls, best of 3), i.e. max(host time, GPU time): at decode size the GPU work is ~2 us, so this is
+the host's cost of the call. Shapes: 64 sequences of one token, 32 heads (q+k: 32 q and 8 k heads),
+head_dim 128, bf16. Also the host-only pieces (argument checks, the plan lookup), timed with
+time.perf_counter, so the rows can be read as sums.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+import triton
+
+import rope_kernels as rk
+from rope_kernels import _launch, _ops, rope_qk
+from rope_kernels._validate import validate_rope_args
+from rope_kernels.bench import provenance, time_per_call_us
+
+
+def host_us(fn, n=20000) -> float:
+    for _ in range(100):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def graph_of(fn):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, h, hk, d = 64, 32, 8, 128
+    t = torch.randn(b, 1, h, d, device=dev, dtype=torch.bfloat16, generator=g)
+    freqs = rk.RotaryPositionEmbedding(d, device=dev)(4096)
+    starts = torch.randint(0, 4000, (b,), device=dev, dtype=torch.int32, generator=g)
+    rows = {}
+
+    def row(name, fn, host=False):
+        rows[name] = round(host_us(fn) if host else time_per_call_us(fn), 2)
+        print(f"{rows[name]:8.2f} us  {name}")
+
+    print("TransformerEngine-style apply_rotary_pos_emb, bshd [64, 1, 32, 128] bf16")
+    row("torch.empty_like(t) alone", lambda: torch.empty_like(t))
+    for label, sp in (("with start_positions", starts), ("no start_positions", None)):
+        call = lambda sp=sp: rk.apply_rotary_pos_emb(t, freqs, "bshd", sp, fused=True)  # noqa: E731
+        fast = lambda sp=sp: rk.apply_rotary_pos_emb(t, freqs, "bshd", sp, fused=True,  # noqa: E731
+                                                     validate=False)
+        row(f"te {label}: default call (values checked: host copy)", call)
+        row(f"te {label}: validate=False", fast)
+        row(f"te {label}: rope_2d directly (no checks)", lambda sp=sp: rk.rope_2d(t, freqs, "bshd", sp))
+        row(f"te {label}: torch.ops.rope_kernels.rope (the dispatcher)",
+            lambda sp=sp: _ops.rope(t, freqs, "bshd", sp, False, None, 1, 0, "2d", False))
+        _launch.ENABLED = False
+        row(f"te {label}: validate=False, Triton's own dispatch (thin launch off)", fast)
+        _launch.ENABLED = True
+        row(f"te {label}: CUDA graph replay of the default call", graph_of(call))
+        compiled = torch.compile(call, mode="reduce-overhead", fullgraph=True)
+        row(f"te {label}: torch.compile(mode='reduce-overhead') of the default call", compiled)
+    row("host only: metadata checks, signature remembered",
+        lambda: validate_rope_args(t, freqs, "bshd", starts, False, None, 1, 0, True, False), True)
+    row("host only: value checks of start_positions (host copy)",
+        lambda: validate_rope_args(t, freqs, "bshd", starts, False, None, 1, 0, True, True), True)
+
+    print("\nFlashInfer-style apply_rope_with_cos_sin_cache: 64 tokens, 32 q + 8 k heads")
+    q = torch.randn(b, h * d, device=dev, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(b, hk * d, device=dev, dtype=torch.bfloat16, generator=g)
+    f = freqs[:, 0, 0, : d // 2]
+    cache = torch.cat((f.cos(), f.sin()), -1).contiguous()
+    positions = torch.randint(0, 4096, (b,), device=dev, generator=g)
+    call = lambda: rk.apply_rope_with_cos_sin_cache(positions, q, k, d, cache)  # noqa: E731
+    row("cache: default call (positions checked: host copy)", call)
+    row("cache: validate=False",
+        lambda: rk.apply_rope_with_cos_sin_cache(positions, q, k, d, cache, validate=False))
+    inplace = lambda: rk.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, cache,  # noqa: E731
+                                                               validate=False)
+    row("cache: in place, validate=False", inplace)
+    row("cache: rope_qk.rope_cos_sin_cache directly", lambda: rope_qk.rope_cos_sin_cache(
+        positions, q, k, d, cache))
+    row("cache: CUDA graph replay of the in-place default call", graph_of(
+        lambda: rk.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, cache)))
+    try:
+        from liger_kernel.ops.rope import rope_forward
+
+        ql, kl = q.view(b, 1, h, d).transpose(1, 2), k.view(b, 1, hk, d).transpose(1, 2)
+        cos, sin = torch.cat((f, f), -1)[:1].cos()[None].bfloat16(), torch.cat((f, f), -1)[:1].sin()[None].bfloat16()
+        row("Liger-Kernel rope_forward (q+k in place; positions 0 only)",
+            lambda: rope_forward(ql, kl, cos, sin))
+    except Exception as e:  # noqa: BLE001
+        print("Liger-Kernel not timed:", type(e).__name__, e)
+
+    print("\nHugging Face-style hf.apply_rotary_pos_emb: q [64, 32, 1, 128], k [64, 8, 1, 128]")
+    qh, kh = q.view(b, 1, h, d).transpose(1, 2), k.view(b, 1, hk, d).transpose(1, 2)
+    ang = torch.cat((f, f), -1)[positions][:, None]
+    cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
+    row("hf: apply_rotary_pos_emb", lambda: rk.hf.apply_rotary_pos_emb(qh, kh, cos, sin))
+
+    print("\nTransformerEngine-style apply_fused_qkv_rotary_pos_emb: qkv [1, 64, 8, 6 * 128] sbhd")
+    qkv = torch.randn(1, b, hk, 6 * d, device=dev, dtype=torch.bfloat16, generator=g)
+    row("qkv: validate=False", lambda: rk.apply_fused_qkv_rotary_pos_emb(
+        qkv, freqs, freqs, [4 * d, d, d], validate=False))
+
+    result = {"provenance": provenance(0.0, "launch_latency"), "us_per_call": rows,
+              "triton": triton.__version__, "thin_launch_enabled_at_end": _launch.ENABLED}
+    result["provenance"].pop("copy_gbps")
+    result["provenance"]["command"] = "python scripts/launch_latency.py"
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
