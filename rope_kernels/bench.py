@@ -640,7 +640,7 @@ def make_problem(fmt: str, dtype: str, kw: dict):
 
 def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str] = ("sbhd", "bshd", "thd"),
         dtypes: Optional[Iterable[str]] = None, progress: bool = True,
-        budget_s: Optional[float] = None):
+        budget_s: Optional[float] = None, only: Optional[Iterable[str]] = None):
     """Run the sweeps, most important first (bf16, decode, then fp16/fp32), writing the CSV after
     every problem; with ``budget_s``, stop starting new problems after that many seconds."""
     import time
@@ -659,7 +659,8 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
     decode_impls = {"te": implementations(decode=True), "qk": qk_implementations(decode=True)}
     for name in missing_peers():
         print("skipped:", name)
-    jobs = benchmark_jobs(mode, formats, dtypes, entries=True)
+    jobs = [j for j in benchmark_jobs(mode, formats, dtypes, entries=True)
+            if only is None or j[2] in only]
     jobs.sort(key=lambda job: (job[3] != "bf16", not job[4]))  # bf16 first, decode early
     rows, started, skipped = [], time.time(), 0
     (out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
@@ -835,11 +836,14 @@ def main(argv=None):
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="stop starting new problems after this many seconds")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated problem kinds to run: sbhd, bshd, thd, qk, qkv")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         show_recorded(args.out)
         return 0
-    run(args.mode, args.out, progress=not args.no_progress, budget_s=args.budget_s)
+    run(args.mode, args.out, progress=not args.no_progress, budget_s=args.budget_s,
+        only=args.only.split(",") if args.only else None)
     return 0
 
 
