@@ -45,22 +45,21 @@ class _Pending:
         self.compiled = compiled
 
 
+_RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
 def _dispatch_is_plain(kernel) -> bool:
     """True when Triton's dispatch would do nothing but pick and launch the kernel."""
-    knobs = getattr(triton, "knobs", None)
-    runtime = getattr(knobs, "runtime", None)
+    runtime = _RUNTIME
     if runtime is None:
         return False
-    for name in ("launch_enter_hook", "launch_exit_hook"):
-        hook = getattr(runtime, name, None)
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         # A plain callable, or a HookChain (recent Triton, empty by default) that is in use.
         if hook is not None and getattr(hook, "calls", True):
             return False
-    if getattr(runtime, "add_stages_inspection_hook", None) is not None:
+    if getattr(runtime, "add_stages_inspection_hook", None) is not None or runtime.debug:
         return False
-    if getattr(runtime, "debug", False) or getattr(kernel, "debug", False):
-        return False
-    return not getattr(kernel, "pre_run_hooks", None)
+    return kernel is None or not (kernel.debug or kernel.pre_run_hooks)
 
 
 def hooks_installed() -> bool:
@@ -87,15 +86,18 @@ def thin_launch(kernel, plan, pointers):
     if thin:
         driver = triton.runtime.driver.active
         device = driver.get_current_device()
-        key = (device, tuple(p.data_ptr() % 16 == 0 for p in pointers))
-        compiled = plan.compiled.get(key)
-        if compiled is not None and not isinstance(compiled, _Pending):
+        # Raw addresses: Triton's launcher takes ints as they are, where for a tensor it calls
+        # data_ptr() and asks the driver about the pointer, per argument and call.
+        ptrs = [p.data_ptr() for p in pointers]
+        key = (device, *[x & 15 == 0 for x in ptrs])
+        entry = plan.compiled.get(key)
+        if entry is not None and not isinstance(entry, _Pending):
+            compiled, tail = entry
             g0, g1, g2 = plan.grid
             try:
                 # The arguments JITFunction.run passes: no launch metadata, no hooks (checked).
                 compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
-                             compiled.packed_metadata, None, None, None,
-                             *pointers, *plan.scalars, *plan.constexprs.values())
+                             compiled.packed_metadata, None, None, None, *ptrs, *tail)
                 return compiled
             except (TypeError, AttributeError, ValueError) as e:
                 disable(f"the compiled kernel's launcher rejected the call: {e}")
@@ -109,13 +111,14 @@ def thin_launch(kernel, plan, pointers):
         elif isinstance(seen, _Pending):
             # Confirmed only if Triton's dispatch picked the same kernel the second time; a
             # None entry means "never reuse for this key": keep dispatching.
-            plan.compiled[key] = compiled if compiled is seen.compiled else None
+            plan.compiled[key] = ((compiled, (*plan.scalars, *plan.constexprs.values()))
+                                  if compiled is seen.compiled else None)
     return compiled
 
 
 def last_compiled(plan, pointers):
     """The kernel the thin path would launch for these pointers (None if not confirmed)."""
     driver = triton.runtime.driver.active
-    key = (driver.get_current_device(), tuple(p.data_ptr() % 16 == 0 for p in pointers))
-    c = plan.compiled.get(key)
-    return None if isinstance(c, _Pending) else c
+    key = (driver.get_current_device(), *[p.data_ptr() & 15 == 0 for p in pointers])
+    entry = plan.compiled.get(key)
+    return None if entry is None or isinstance(entry, _Pending) else entry[0]

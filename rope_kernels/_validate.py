@@ -47,6 +47,23 @@ def _meta(x):
     return type(x)
 
 
+def _remembered(key, check) -> None:
+    """Run ``check()`` unless ``key`` (a call signature, or None: not cacheable) passed before."""
+    if key is not None and not torch.compiler.is_compiling():
+        try:
+            if key in _VALIDATED:
+                return
+        except TypeError:  # an unhashable argument: let the checks name it
+            key = None
+    else:
+        key = None
+    check()
+    if key is not None:
+        if len(_VALIDATED) >= 4096:
+            _VALIDATED.clear()
+        _VALIDATED.add(key)
+
+
 def validate_rope_args(
     t,
     freqs,
@@ -66,23 +83,14 @@ def validate_rope_args(
     with ``check_values``, the values of ``start_positions`` and ``cu_seqlens`` are checked on
     every call (a copy to the host)."""
     key = None
-    if (isinstance(t, torch.Tensor) and isinstance(freqs, torch.Tensor)
-            and not torch.compiler.is_compiling()):
-        key = (t.shape, t.dtype, t.device, freqs.shape, freqs.dtype, freqs.device,
+    if isinstance(t, torch.Tensor) and isinstance(freqs, torch.Tensor):
+        key = ("rope", t.shape, t.dtype, t.device, freqs.shape, freqs.dtype, freqs.device,
                tensor_format, _meta(start_positions), _meta(cu_seqlens), interleaved,
                type(interleaved), cp_size, type(cp_size), cp_rank, type(cp_rank),
                kernel_dtypes_only)
-    try:
-        known = key is not None and key in _VALIDATED
-    except TypeError:  # an unhashable argument: let the checks below name it
-        key, known = None, False
-    if not known:
-        _validate_meta(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
-                       cp_size, cp_rank, kernel_dtypes_only)
-        if key is not None:
-            if len(_VALIDATED) >= 4096:
-                _VALIDATED.clear()
-            _VALIDATED.add(key)
+    _remembered(key, lambda: _validate_meta(t, freqs, tensor_format, start_positions,
+                                            interleaved, cu_seqlens, cp_size, cp_rank,
+                                            kernel_dtypes_only))
     if check_values:
         _validate_values(t, freqs, tensor_format, start_positions, cu_seqlens, cp_size)
 
@@ -266,8 +274,22 @@ def validate_qkv_args(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, 
 
 
 def validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
-                                check_values: bool) -> int:
-    """FlashInfer's apply_rope_with_cos_sin_cache; returns rotary_dim."""
+                                check_values: bool) -> None:
+    """FlashInfer's apply_rope_with_cos_sin_cache (metadata once per call signature)."""
+    sig = None
+    if all(isinstance(x, torch.Tensor) for x in (positions, query, key, cos_sin_cache)):
+        sig = ("cache", _meta(positions), _meta(query), query.stride(), _meta(key), key.stride(),
+               _meta(cos_sin_cache), head_size, type(head_size), is_neox, type(is_neox))
+    _remembered(sig, lambda: _validate_cache_meta(positions, query, key, head_size,
+                                                  cos_sin_cache, is_neox))
+    if check_values and positions.numel():
+        lowest, highest = (int(v) for v in torch.aminmax(positions))
+        if lowest < 0 or highest >= cos_sin_cache.shape[0]:
+            raise ValueError(f"positions must lie in [0, {cos_sin_cache.shape[0]}) (the rows of "
+                             f"cos_sin_cache), got values from {lowest} to {highest}")
+
+
+def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
     _tensor("positions", positions, "int [num_tokens]")
     _tensor("query", query, "[num_tokens, num_q_heads * head_size]")
     _tensor("key", key, "[num_tokens, num_k_heads * head_size]")
@@ -311,16 +333,18 @@ def validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache,
     if rotary_dim > head_size:
         raise ValueError(f"cos_sin_cache.shape[1] (rotary_dim = {rotary_dim}) must be <= head_size "
                          f"({head_size})")
-    if check_values and positions.numel():
-        lowest, highest = (int(v) for v in torch.aminmax(positions))
-        if lowest < 0 or highest >= cos_sin_cache.shape[0]:
-            raise ValueError(f"positions must lie in [0, {cos_sin_cache.shape[0]}) (the rows of "
-                             f"cos_sin_cache), got values from {lowest} to {highest}")
-    return rotary_dim
 
 
 def validate_hf_args(q, k, cos, sin, unsqueeze_dim) -> None:
-    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)."""
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature."""
+    sig = None
+    if all(isinstance(x, torch.Tensor) for x in (q, k, cos, sin)):
+        sig = ("hf", _meta(q), _meta(k), _meta(cos), _meta(sin), unsqueeze_dim,
+               type(unsqueeze_dim))
+    _remembered(sig, lambda: _validate_hf_meta(q, k, cos, sin, unsqueeze_dim))
+
+
+def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim) -> None:
     for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         _tensor(name, x, "see rope_kernels.hf.apply_rotary_pos_emb")
         _kernel_dtype(name, x)

@@ -115,9 +115,9 @@ def apply_rotary_pos_emb(
 
 def _check_values(validate: bool, t: torch.Tensor, compiling: bool) -> bool:
     """Value checks copy device tensors to the host: eager mode only, never during capture."""
-    if not validate or compiling:
+    if not validate or compiling or not isinstance(t, torch.Tensor):
         return False
-    return not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _no_grad_for(name: str, x: torch.Tensor, what: str, instead: str) -> None:

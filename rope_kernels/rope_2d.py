@@ -575,9 +575,12 @@ def rope_2d(
         )
     if out is None:
         out = torch.empty_like(t, memory_format=torch.contiguous_format)
+        out_strides = None  # contiguous: follows from t's shape, already in the key
     elif out.shape != t.shape or out.dtype != t.dtype or out.device != t.device:
         raise ValueError(f"out must match t (shape {tuple(t.shape)}, {t.dtype}, {t.device}), got "
                          f"shape {tuple(out.shape)}, {out.dtype}, {out.device}")
+    else:
+        out_strides = out.stride()
     if t.numel() == 0:
         _canonical(t, tensor_format)  # still reject an unknown tensor_format
         return out
@@ -585,7 +588,7 @@ def rope_2d(
     # Interleaved pairs are read one word per pair where the layout allows (this depends on the
     # addresses too, so it is part of the key).
     words = bool(interleaved) and _pairs_as_words(t, out)
-    key = (tensor_format, t.shape, t.stride(), out.stride(), t.dtype, t.device, freqs.shape,
+    key = (tensor_format, t.shape, t.stride(), out_strides, t.dtype, t.device, freqs.shape,
            freqs.stride(), freqs.dtype,
            (cu_seqlens.shape, cu_seqlens.dtype) if is_thd else None,
            None if start_positions is None else start_positions.dtype,

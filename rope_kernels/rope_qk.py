@@ -184,7 +184,7 @@ def _copy_tile(x_ptr, out_ptr, s_idx, s_mask, pid_b, pid_h, heads, width,
 # and multiples of 16 are what let Triton vectorise loads and stores.
 @triton.jit(do_not_specialize=["seq_len", "batch", "q_heads", "k_heads", "v_heads", "q_sub",
                                "k_sub", "cp_size", "cp_rank", "q_blocks", "k_blocks",
-                               "part_blocks"])
+                               "part_blocks", "s_blocks"])
 def rope_qk_kernel(
     q_ptr, q_out_ptr, k_ptr, k_out_ptr, v_ptr, v_out_ptr,
     q_table_ptr, k_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
@@ -195,7 +195,9 @@ def rope_qk_kernel(
     t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b,
     cp_size, cp_rank,
     q_blocks, k_blocks, part_blocks,  # head blocks of q, of k, and of all parts together
+    s_blocks,  # cdiv(seq_len, BLOCK_S)
     ANGLES: tl.constexpr,
+    B_OUTER: tl.constexpr,  # batch elements are the outer axis in memory (bshd, HF's views)
     HAS_POSITIONS: tl.constexpr,  # positions[s, b] give the table row (else s, + start)
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
@@ -211,11 +213,17 @@ def rope_qk_kernel(
     V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
 ):
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
-    # are neighbours in memory for packed QKV), then batch elements, then token blocks.
+    # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
+    # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
     pid = tl.program_id(0)
     pid_h = pid % part_blocks
-    pid_b = (pid // part_blocks) % batch
-    pid_s = pid // (part_blocks * batch)
+    rest = pid // part_blocks
+    if B_OUTER:
+        pid_s = rest % s_blocks
+        pid_b = rest // s_blocks
+    else:
+        pid_b = rest % batch
+        pid_s = rest // batch
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s_idx < seq_len
     if INT64:
@@ -321,39 +329,40 @@ def _max_offset(sizes, strides) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(sizes, strides) if n > 0)
 
 
-def _plan(q, q_out, k, k_out, v, v_out, positions, start_positions, angles, rotary_dim, interleaved, backward, cp_size, cp_rank, t_strides, p_strides):
-    """q, k (and v) are [s, b, g, u, d] views (v: u = 1); see ``rope_qk_parts``."""
-    seq_len, batch, q_heads = q.shape[0], q.shape[1], q.shape[2] * q.shape[3]
-    k_heads = k.shape[2] * k.shape[3]
-    head_dim = q.shape[4]
-    on_gpu = q.device.type == "cuda"
-    cfg = default_config(seq_len, q_heads, k_heads, head_dim, q.element_size(), on_gpu,
-                         interleaved)
+def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
+          backward, cp_size, cp_rank, t_strides, p_strides):
+    """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
+    u = 1, or None. Sizes of q and k agree in s, b and d."""
+    (seq_len, batch, qg, qu, head_dim), q_in, q_out = q
+    (_, _, kg, ku, _), k_in, k_out = k
+    q_heads, k_heads = qg * qu, kg * ku
+    on_gpu = device.type == "cuda"
+    element_size = torch.empty((), dtype=dtype).element_size()
+    cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved)
     block_h = cfg["block_h"]
     q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_h)
-    v_heads = v.shape[2] if v is not None else 0
-    v_dim = v.shape[4] if v is not None else 0
+    v_heads = v[0][2] if v is not None else 0
+    v_dim = v[0][4] if v is not None else 0
     part_blocks = q_blocks + k_blocks + triton.cdiv(v_heads, block_h)
-    grid = (triton.cdiv(seq_len, cfg["block_s"]) * batch * part_blocks, 1, 1)
-    tensors = [q, q_out, k, k_out] + ([v, v_out] if v is not None else [])
-    int64 = max(_max_offset(a.shape, a.stride()) for a in tensors) >= 2**31 - 1
-    v_strides = ((v.stride(0), v.stride(1), v.stride(2), v.stride(4),
-                  v_out.stride(0), v_out.stride(1), v_out.stride(2), v_out.stride(4))
-                 if v is not None else (0,) * 8)
-    scalars = (seq_len, batch, q_heads, k_heads, v_heads, q.shape[3], k.shape[3], rotary_dim,
-               head_dim, v_dim, *q.stride(), *q_out.stride(), *k.stride(), *k_out.stride(),
-               *v_strides, *t_strides, *p_strides, cp_size, cp_rank, q_blocks, k_blocks,
-               part_blocks)
+    s_blocks = triton.cdiv(seq_len, cfg["block_s"])
+    grid = (s_blocks * batch * part_blocks, 1, 1)
+    parts = [q, k] + ([v] if v is not None else [])
+    int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
+    v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
+    scalars = (seq_len, batch, q_heads, k_heads, v_heads, qu, ku, rotary_dim, head_dim, v_dim,
+               *q_in, *q_out, *k_in, *k_out, *v_strides, *t_strides, *p_strides, cp_size,
+               cp_rank, q_blocks, k_blocks, part_blocks, s_blocks)
     constexprs = dict(
         ANGLES=angles,
-        HAS_POSITIONS=positions is not None,
-        HAS_START=start_positions is not None,
+        B_OUTER=abs(q_in[1]) > abs(q_in[0]),
+        HAS_POSITIONS=has_positions,
+        HAS_START=has_start,
         USE_CP=cp_size > 1,
         HAS_V=v is not None,
         INTERLEAVED=bool(interleaved),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).
-        FAST_TRIG=(angles == 0 and q.dtype != torch.float32 and on_gpu and not INTERPRETED
+        FAST_TRIG=(angles == 0 and dtype != torch.float32 and on_gpu and not INTERPRETED
                    and torch.version.hip is None),
         INT64=int64,
         BLOCK_S=cfg["block_s"],
@@ -363,6 +372,29 @@ def _plan(q, q_out, k, k_out, v, v_out, positions, start_positions, angles, rota
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
+
+
+def _run(key, make_plan, pointers) -> None:
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = make_plan()
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    launch(rope_qk_kernel, plan, pointers)
+
+
+def _check_device(x: torch.Tensor) -> None:
+    if x.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError("rope_qk got CPU tensors but the Triton interpreter is off: move the "
+                           "tensors to a GPU, or set TRITON_INTERPRET=1 before importing this "
+                           "module (e.g. `TRITON_INTERPRET=1 python ...`).")
+
+
+def _angle_strides(angles: str, table: torch.Tensor):
+    if angles == "cos_sin":  # [b, s, rotary_dim]
+        return (table.stride(0), table.stride(1), table.stride(-1))
+    return (0, table.stride(0), table.stride(-1))  # rows = positions
 
 
 def rope_qk_parts(q, q_out, k, k_out, v=None, v_out=None, *, angles: str, table: torch.Tensor,
@@ -378,36 +410,28 @@ def rope_qk_parts(q, q_out, k, k_out, v=None, v_out=None, *, angles: str, table:
     same shape and strides), the cos/sin cache ``[rows, rotary_dim]`` ("cache"), or cos
     ``[b, s, rotary_dim]`` with ``sin`` alike ("cos_sin"). ``positions``: int ``[s, b]``.
     """
-    if q.device.type == "cpu" and not INTERPRETED:
-        raise RuntimeError("rope_qk got CPU tensors but the Triton interpreter is off: move the "
-                           "tensors to a GPU, or set TRITON_INTERPRET=1 before importing this "
-                           "module (e.g. `TRITON_INTERPRET=1 python ...`).")
+    _check_device(q)
     if q.numel() == 0 and k.numel() == 0 and (v is None or v.numel() == 0):
         return
     code = ANGLES[angles]
-    if code == 2:
-        t_strides = (table.stride(0), table.stride(1), table.stride(-1))
-    else:
-        t_strides = (0, table.stride(0), table.stride(-1))
+    t_strides = _angle_strides(angles, table)
     p_strides = tuple(positions.stride()) if positions is not None else (0, 0)
-    key = (q.shape, q.stride(), q_out.stride(), k.shape, k.stride(), k_out.stride(),
-           None if v is None else (v.shape, v.stride(), v_out.stride()), q.dtype, q.device,
-           code, t_strides, table.dtype, p_strides,
+    parts = [(tuple(x.shape), tuple(x.stride()), tuple(o.stride()))
+             for x, o in ((q, q_out), (k, k_out)) + (((v, v_out),) if v is not None else ())]
+    key = ("parts", *parts, q.dtype, q.device, code, t_strides, table.dtype, p_strides,
            None if positions is None else positions.dtype,
            None if start_positions is None else start_positions.dtype,
            rotary_dim, bool(interleaved), bool(backward), cp_size, cp_rank)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _plan(q, q_out, k, k_out, v, v_out, positions, start_positions, code, rotary_dim, interleaved, backward, cp_size, cp_rank, t_strides, p_strides)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    # Unused pointer arguments get q as a placeholder; constexpr flags keep them unread.
-    launch(rope_qk_kernel, plan, (
-        q, q_out, k, k_out, v if v is not None else q, v_out if v is not None else q,
-        table, k_table if k_table is not None else table, sin if sin is not None else table,
-        positions if positions is not None else q,
-        start_positions if start_positions is not None else q))
+    _run(key, lambda: _plan(
+        parts[0], parts[1], parts[2] if v is not None else None, device=q.device, dtype=q.dtype,
+        angles=code, rotary_dim=rotary_dim, has_positions=positions is not None,
+        has_start=start_positions is not None, interleaved=interleaved, backward=backward,
+        cp_size=cp_size, cp_rank=cp_rank, t_strides=t_strides, p_strides=p_strides),
+        # Unused pointer arguments get q as a placeholder; constexpr flags keep them unread.
+        (q, q_out, k, k_out, v if v is not None else q, v_out if v is not None else q,
+         table, k_table if k_table is not None else table, sin if sin is not None else table,
+         positions if positions is not None else q,
+         start_positions if start_positions is not None else q))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,6 +499,17 @@ def rope_qkv_backward(q_grad: torch.Tensor, k_grad: torch.Tensor, v_grad: torch.
     return grad
 
 
+def _tokens_heads(x: torch.Tensor, head_size: int):
+    """[T, H * D] or [T, H, D] as (sizes [s=T, b=1, g=H, u=1, d=D], strides)."""
+    if x.dim() == 2:
+        n, width = x.shape
+        s_t, s_c = x.stride()
+        return (n, 1, width // head_size, 1, head_size), (s_t, 0, head_size * s_c, 0, s_c)
+    n, h, d = x.shape
+    s_t, s_h, s_d = x.stride()
+    return (n, 1, h, 1, d), (s_t, 0, s_h, 0, s_d)
+
+
 def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                        head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
                        query_out: Optional[torch.Tensor] = None,
@@ -485,40 +520,78 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
     in the first half of a row, sin in the second). ``is_neox``: half-split pairs, else GPT-J's
     interleaved pairs. Writes into ``query_out``/``key_out`` (new tensors if None; pass the
     inputs for in place) and returns them, shaped like the inputs."""
+    _check_device(query)
+    # Output strides in the key only where the caller chose the outputs (in place, or given):
+    # new ones are contiguous, which follows from the shapes.
     if query_out is None:
-        query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        query_out, q_out_strides = torch.empty_like(query, memory_format=torch.contiguous_format), None
+    else:
+        q_out_strides = query_out.stride()
     if key_out is None:
-        key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
-    n = query.shape[0]
+        key_out, k_out_strides = torch.empty_like(key, memory_format=torch.contiguous_format), None
+    else:
+        k_out_strides = key_out.stride()
+    if query.numel() == 0 and key.numel() == 0:
+        return query_out, key_out
+    sig = ("cache", query.shape, query.stride(), q_out_strides, key.shape, key.stride(),
+           k_out_strides, query.dtype, query.device, positions.stride(), positions.dtype,
+           cos_sin_cache.stride(), cos_sin_cache.shape[-1], head_size, bool(is_neox),
+           bool(backward))
 
-    def heads(x):  # [T, H*D] or [T, H, D] -> [T, 1, H, 1, D]
-        return x.view(n, -1, head_size)[:, None, :, None, :] if x.dim() == 2 else x[:, None, :, None, :]
+    def make_plan():
+        (q_sizes, q_in), (k_sizes, k_in) = (_tokens_heads(query, head_size),
+                                            _tokens_heads(key, head_size))
+        q_o, k_o = _tokens_heads(query_out, head_size)[1], _tokens_heads(key_out, head_size)[1]
+        return _plan((q_sizes, q_in, q_o), (k_sizes, k_in, k_o), None, device=query.device,
+                     dtype=query.dtype, angles=ANGLES["cache"],
+                     rotary_dim=cos_sin_cache.shape[-1], has_positions=True, has_start=False,
+                     interleaved=not is_neox, backward=backward, cp_size=1, cp_rank=0,
+                     t_strides=(0, cos_sin_cache.stride(0), cos_sin_cache.stride(1)),
+                     p_strides=(positions.stride(0), 0))
 
-    rope_qk_parts(heads(query), heads(query_out), heads(key), heads(key_out), angles="cache",
-                  table=cos_sin_cache, rotary_dim=cos_sin_cache.shape[-1],
-                  positions=positions[:, None], interleaved=not is_neox, backward=backward)
+    _run(sig, make_plan, (query, query_out, key, key_out, query, query, cos_sin_cache,
+                          cos_sin_cache, cos_sin_cache, positions, query))
     return query_out, key_out
+
+
+def _sbhd_of_hf(x: torch.Tensor, heads_axis: int):
+    """[b, h, s, d] (heads_axis 1) or [b, s, h, d] (2) as (sizes [s, b, h, 1, d], strides)."""
+    st = x.stride()
+    if heads_axis == 1:
+        b, h, s, d = x.shape
+        return (s, b, h, 1, d), (st[2], st[0], st[1], 0, st[3])
+    b, s, h, d = x.shape
+    return (s, b, h, 1, d), (st[1], st[0], st[2], 0, st[3])
 
 
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  heads_axis: int = 1, backward: bool = False):
     """Hugging Face convention: ``q`` [b, h, s, d] (``heads_axis=1``) or [b, s, h, d]
     (``heads_axis=2``), any strides, ``k`` alike with its own head count; ``cos``, ``sin``
-    [b, s, rotary_dim] (or [s, rotary_dim]), half-split pairs, channels past rotary_dim copied.
-    Returns new contiguous q and k."""
+    [b, s, rotary_dim], [1, s, rotary_dim] or [s, rotary_dim], half-split pairs, channels past
+    rotary_dim copied. Returns new contiguous q and k."""
+    _check_device(q)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
-
-    def view(x):  # -> [s, b, h, 1, d]
-        x = x.permute(2, 0, 1, 3) if heads_axis == 1 else x.transpose(0, 1)
-        return x.unsqueeze(3)
-
-    if cos.dim() == 2:
-        cos, sin = cos[None], sin[None]
-    b = q.shape[0]
-    cos, sin = cos.expand(b, *cos.shape[1:]), sin.expand(b, *sin.shape[1:])
+    if q.numel() == 0 and k.numel() == 0:
+        return q_out, k_out
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    rope_qk_parts(view(q), view(q_out), view(k), view(k_out), angles="cos_sin", table=cos,
-                  sin=sin, rotary_dim=cos.shape[-1], backward=backward)
+    sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, q.device, cos.shape,
+           cos.stride(), cos.dtype, heads_axis, bool(backward))
+
+    def make_plan():
+        q_sizes, q_in = _sbhd_of_hf(q, heads_axis)
+        k_sizes, k_in = _sbhd_of_hf(k, heads_axis)
+        st = cos.stride()
+        # A batch of one (or none) is shared by every batch element: stride 0.
+        t_strides = ((0, st[0], st[1]) if cos.dim() == 2
+                     else (st[0] if cos.shape[0] > 1 else 0, st[1], st[2]))
+        return _plan((q_sizes, q_in, _sbhd_of_hf(q_out, heads_axis)[1]),
+                     (k_sizes, k_in, _sbhd_of_hf(k_out, heads_axis)[1]), None, device=q.device,
+                     dtype=q.dtype, angles=ANGLES["cos_sin"], rotary_dim=cos.shape[-1],
+                     has_positions=False, has_start=False, interleaved=False, backward=backward,
+                     cp_size=1, cp_rank=0, t_strides=t_strides, p_strides=(0, 0))
+
+    _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
     return q_out, k_out

@@ -48,6 +48,9 @@ PROBLEMS = {
     "sbhd fp32 interleaved": dict(tensor_format="sbhd", dtype="fp32", interleaved=True),
     "thd bf16 256 seqs": dict(tensor_format="thd", n_seqs=256),
     "thd bf16 4096 seqs": dict(tensor_format="thd", n_seqs=4096),
+    "thd bf16 16384 seqs": dict(tensor_format="thd", n_seqs=16384),
+    "thd bf16 65536 seqs": dict(tensor_format="thd", n_seqs=65536),
+    "thd fp32 16384 seqs": dict(tensor_format="thd", n_seqs=16384, dtype="fp32"),
 }
 
 
@@ -66,7 +69,8 @@ def configs(p: Problem) -> list[dict]:
             for bb in (1, 2, 4):
                 if bb > nb:
                     continue
-                for bs in (1, 2, 4, 8):
+                # thd: longer runs of tokens amortise each tile's search over cu_seqlens
+                for bs in (1, 2, 4, 8) + ((16, 32) if p.tensor_format == "thd" else ()):
                     tile = bs * bb * bh * width * p.t.element_size()
                     if not lo <= tile <= hi:
                         continue

@@ -83,8 +83,7 @@ def test_thin_launch_reuses_the_kernel_triton_picks(fmt, dtype, seed, monkeypatc
         assert len(plans) == 1, f"{name}: expected one plan, found {len(plans)}"
         plan = plans[0]
         pointers = (t, emb, out, kw.get("cu_seqlens", t), t)
-        aligned = tuple(p.data_ptr() % 16 == 0 for p in pointers)
-        cached = plan.compiled[(torch.cuda.current_device(), aligned)]
+        cached = _launch.last_compiled(plan, pointers)
         assert cached is not None
         assert _dispatch(plan, pointers) is cached, f"{name}: Triton picked another kernel"
 
@@ -101,7 +100,7 @@ def test_misaligned_pointer_gets_its_own_kernel(seed, monkeypatch):
         assert_rope_close(rope_2d(t, emb), rope_reference(t.double(), emb), torch.bfloat16)
     key = next(k for k in r2._PLANS if k[1] == aligned_t.shape and k[4] == torch.bfloat16
                and k[2] == aligned_t.stride())
-    alignments = {a[0] for _, a in r2._PLANS[key].compiled}
+    alignments = {k[1] for k in r2._PLANS[key].compiled}  # (device, t aligned?, ...)
     assert alignments == {True, False}
 
 
@@ -138,9 +137,9 @@ def _confirmed_plan(t, emb):
     for _ in range(3):
         rope_2d(t, emb)
     (plan,) = r2._PLANS.values()
-    (key, compiled), = plan.compiled.items()
-    assert compiled is not None and not isinstance(compiled, _launch._Pending)
-    return plan, key, compiled
+    (key, entry), = plan.compiled.items()
+    assert entry is not None and not isinstance(entry, _launch._Pending)
+    return plan, key, entry[0]
 
 
 @gpu
@@ -158,7 +157,7 @@ def test_thin_launch_falls_back_when_the_launcher_rejects_the_call(seed, monkeyp
         def run(self, *args):
             raise TypeError(f"function takes exactly {len(args) + 1} arguments")
 
-    plan.compiled[key] = Changed()
+    plan.compiled[key] = (Changed(), plan.compiled[key][1])
     t2 = randn(t.shape, torch.bfloat16, seed + 1)
     with pytest.warns(RuntimeWarning, match="thin launch path off"):
         out = rope_2d(t2, emb)
