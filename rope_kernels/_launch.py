@@ -59,7 +59,8 @@ def _dispatch_is_plain(kernel) -> bool:
             return False
     if getattr(runtime, "add_stages_inspection_hook", None) is not None or runtime.debug:
         return False
-    return kernel is None or not (kernel.debug or kernel.pre_run_hooks)
+    return kernel is None or not (getattr(kernel, "debug", False)
+                                  or getattr(kernel, "pre_run_hooks", None))
 
 
 def hooks_installed() -> bool:

@@ -88,6 +88,32 @@ def _positions(
 
 
 @triton.jit
+def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, cp_size, cp_rank,
+                         HAS_START: tl.constexpr, USE_CP: tl.constexpr, BLOCK: tl.constexpr):
+    """Pre-pass for packs of many short sequences: program i writes the angle-table row of every
+    token of sequence i (its position, mapped for context parallelism, + its start position).
+    The main kernel then reads one int per token instead of searching ``cu_seqlens`` for the
+    sequence that holds it (a chain of log2(n_seqs) dependent loads per tile)."""
+    seq = tl.program_id(0)
+    begin = tl.load(cu_seqlens_ptr + seq) // cp_size
+    end = tl.load(cu_seqlens_ptr + seq + 1) // cp_size
+    cur_len = end - begin
+    first = 0
+    if HAS_START:
+        first = tl.load(start_positions_ptr + seq)
+    for off in range(begin, end, BLOCK):
+        token = off + tl.arange(0, BLOCK)
+        local = token - begin
+        if USE_CP:
+            half = cur_len // 2
+            pos = tl.where(local < half, local + cp_rank * half,
+                           cur_len * cp_size - (cp_rank + 1) * half + (local - half))
+        else:
+            pos = local
+        tl.store(token_rows_ptr + token, pos + first, mask=token < end)
+
+
+@triton.jit
 def _fast_sincos(x):
     """cos(x), sin(x) through the SFU's cos.approx/sin.approx (absolute error ~1e-6 after the
     range reduction; measured up to |x| = 1e5 in scripts/probe_s4.py). Used for 16-bit outputs,
@@ -180,7 +206,7 @@ def rope_2d_kernel(
     x_ptr,
     freqs_ptr,
     out_ptr,
-    cu_seqlens_ptr,
+    cu_seqlens_ptr,  # thd: cu_seqlens; with TOKEN_ROWS, each token's table row (the pre-pass)
     start_positions_ptr,
     seq_len,  # rows of the "sequence" axis: s, or total tokens for thd
     batch,
@@ -205,6 +231,7 @@ def rope_2d_kernel(
     s_blocks,  # cdiv(seq_len, BLOCK_S)
     group_b,  # batch blocks per group (see the program order below)
     IS_THD: tl.constexpr,
+    TOKEN_ROWS: tl.constexpr,  # thd: table rows per token precomputed by thd_positions_kernel
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -297,8 +324,11 @@ def rope_2d_kernel(
         p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < head_units)[None, None, :]
         xp = tl.load(x_base + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
 
-    pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
-                     cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
+    if TOKEN_ROWS:
+        pos = tl.load(cu_seqlens_ptr + s_idx, mask=s_mask, other=0)
+    else:
+        pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs,
+                         search_steps, cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
     if HAS_START and not IS_THD:
         # Per-sequence offsets: the launcher gives such tiles a single batch element (BLOCK_B=1).
         # The last group of batch blocks may be padded (pid_b >= batch): such programs store
@@ -388,6 +418,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
+TOKEN_ROWS_ABOVE = 1024  # thd: more sequences than this -> the per-token pre-pass
 SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole
 
 
@@ -448,6 +479,7 @@ class Plan:
 
 
 _PLANS: dict = {}  # call signature -> Plan; cleared when it grows past _MAX_PLANS
+_PRE_PLANS: dict = {}  # the same signatures -> Plan of the thd pre-pass, where there is one
 _MAX_PLANS = 4096
 
 
@@ -483,6 +515,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # the interpreter (which cannot run inline PTX) and on AMD GPUs.
     cfg["fast_trig"] = (not INTERPRETED and t.dtype != torch.float32
                         and t.device.type == "cuda" and torch.version.hip is None)
+    # thd with many sequences: a pre-pass writes each token's table row (see
+    # thd_positions_kernel) instead of each tile searching cu_seqlens.
+    cfg["token_rows"] = is_thd and cu_seqlens.numel() - 1 > TOKEN_ROWS_ABOVE
     if config:
         unknown = set(config) - set(cfg)
         if unknown:
@@ -494,6 +529,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                 raise ValueError(f"config[{name!r}] must be a positive power of two, got {v!r}")
         if not isinstance(cfg["group_b"], int) or cfg["group_b"] < 1:
             raise ValueError(f"config['group_b'] must be a positive int, got {cfg['group_b']!r}")
+    cfg["token_rows"] = bool(cfg["token_rows"]) and is_thd
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
@@ -514,6 +550,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                h_blocks, s_blocks, group_b)
     constexprs = dict(
         IS_THD=is_thd,
+        TOKEN_ROWS=bool(cfg["token_rows"]),
         HAS_START=start_positions is not None,
         USE_CP=cp_size > 1,
         INTERLEAVED=bool(interleaved),
@@ -560,7 +597,9 @@ def rope_2d(
         out: optional output tensor of ``t``'s shape, dtype and device (any strides); ``out=t``
             rotates in place.
         config: optional override of ``default_config``: ``block_s``, ``block_b``, ``block_h``,
-            ``num_warps`` (powers of two) and ``fast_trig`` (SFU cos/sin, NVIDIA GPUs only).
+            ``num_warps`` (powers of two), ``fast_trig`` (SFU cos/sin, NVIDIA GPUs only) and
+            ``token_rows`` (thd: the per-token pre-pass instead of the search over cu_seqlens;
+            on by default above TOKEN_ROWS_ABOVE sequences).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 
@@ -600,8 +639,18 @@ def rope_2d(
                           cp_size, cp_rank, backward, config, words)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
+            _PRE_PLANS.clear()
         _PLANS[key] = plan
+    seq_info = cu_seqlens if is_thd else t
+    if plan.constexprs["TOKEN_ROWS"]:
+        seq_info = torch.empty(t.shape[0], dtype=torch.int32, device=t.device)
+        pre = _PRE_PLANS.get(key)
+        if pre is None:
+            pre = _PRE_PLANS[key] = Plan((cu_seqlens.numel() - 1, 1, 1), (cp_size, cp_rank), dict(
+                HAS_START=start_positions is not None, USE_CP=cp_size > 1, BLOCK=256), 4)
+        launch(thd_positions_kernel, pre, (cu_seqlens, start_positions if start_positions
+                                           is not None else cu_seqlens, seq_info))
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
-    launch(rope_2d_kernel, plan, (t, freqs, out, cu_seqlens if is_thd else t,
+    launch(rope_2d_kernel, plan, (t, freqs, out, seq_info,
                                   start_positions if start_positions is not None else t))
     return out

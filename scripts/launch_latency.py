@@ -80,6 +80,28 @@ def main(argv=None):
         row(f"te {label}: CUDA graph replay of the default call", graph_of(call))
         compiled = torch.compile(call, mode="reduce-overhead", fullgraph=True)
         row(f"te {label}: torch.compile(mode='reduce-overhead') of the default call", compiled)
+    # The thin launch taken apart, on the plan of the last rope_2d call.
+    import importlib
+
+    r2 = importlib.import_module("rope_kernels.rope_2d")
+    rk.rope_2d(t, freqs, "bshd")
+    plan = r2._PLANS[next(reversed(r2._PLANS))]
+    pointers = (t, freqs, torch.empty_like(t), t, t)
+    entry = next(v for v in plan.compiled.values() if isinstance(v, tuple))
+    compiled, tail = entry
+    driver = triton.runtime.driver.active
+    dev = driver.get_current_device()
+    stream = driver.get_current_stream(dev)
+    ptrs = [p.data_ptr() for p in pointers]
+    g0, g1, g2 = plan.grid
+    row("launch pieces: CompiledKernel.run alone, arguments ready (Triton's launcher)",
+        lambda: compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                             None, None, None, *ptrs, *tail))
+    row("launch pieces: _launch.thin_launch (pointers, device, stream, checks + the above)",
+        lambda: _launch.thin_launch(r2.rope_2d_kernel, plan, pointers))
+    row("host only: driver.get_current_device() + get_current_stream()",
+        lambda: driver.get_current_stream(driver.get_current_device()), True)
+    row("host only: data_ptr() of the 5 pointer arguments", lambda: [p.data_ptr() for p in pointers], True)
     row("host only: metadata checks, signature remembered",
         lambda: validate_rope_args(t, freqs, "bshd", starts, False, None, 1, 0, True, False), True)
     row("host only: value checks of start_positions (host copy)",

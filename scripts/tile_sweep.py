@@ -76,10 +76,16 @@ def configs(p: Problem) -> list[dict]:
                         continue
                     warps = (2, 4, 8) if tile <= 8192 else (4, 8) if tile <= 16384 else (8,)
                     groups = (2, 1 << 20) if p.tensor_format == "bshd" else (1 << 20,)
+                    # thd: each tile with the search over cu_seqlens and with the pre-pass
+                    rows_modes = (False, True) if p.tensor_format == "thd" else (None,)
                     for nw in warps:
                         for g in groups:
-                            out.append(dict(block_s=bs, block_b=bb, block_h=bh, num_warps=nw,
-                                            group_b=g))
+                            for tr in rows_modes:
+                                cfg = dict(block_s=bs, block_b=bb, block_h=bh, num_warps=nw,
+                                           group_b=g)
+                                if tr is not None:
+                                    cfg["token_rows"] = tr
+                                out.append(cfg)
     return out
 
 

@@ -324,3 +324,44 @@ def test_interleaved_pairs_as_words_and_fallback(dtype, backward, seed):
         assert torch.equal(t, before), f"{name}: t was modified"
         (plan,) = r2._PLANS.values()
         assert plan.constexprs["PAIRS_AS_WORDS"] is words, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cp_size,starts", [(1, False), (1, True), (2, False), (2, True)])
+@pytest.mark.parametrize("backward", [False, True])
+def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, seed):
+    """Packs of many sequences: the pre-pass that writes each token's table row gives what the
+    in-kernel search gives and what the reference gives, empty sequences, context parallelism
+    and start positions included; and it is what the default picks past TOKEN_ROWS_ABOVE."""
+    lengths = [4, 0, 6, 2, 8, 0, 2, 4, 12, 2] if cp_size == 1 else [4, 0, 8, 4, 12, 0, 4, 8]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
+                      device=DEVICE)
+    n = len(lengths)
+    sp = (torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(seed),
+                        dtype=torch.int32).to(DEVICE) if starts else None)
+    emb = RotaryPositionEmbedding(16, 0.5, device=DEVICE)(40)
+    t = randn((int(cu[-1]) // cp_size, 3, 16), dtype, seed)
+    ref = rope_reference(t.double(), -emb if backward else emb, "thd", sp, False, cu, cp_size, 1 % cp_size)
+    outs = []
+    for token_rows in (False, True):
+        r2._PLANS.clear()
+        out = rope_2d(t, emb, "thd", sp, cu_seqlens=cu, cp_size=cp_size, cp_rank=1 % cp_size,
+                      backward=backward, config=dict(token_rows=token_rows))
+        (plan,) = r2._PLANS.values()
+        assert plan.constexprs["TOKEN_ROWS"] is token_rows
+        assert_rope_close(out, ref, dtype, f"token_rows={token_rows}")
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_thd_default_takes_the_pre_pass_for_many_sequences(monkeypatch):
+    monkeypatch.setattr(r2, "TOKEN_ROWS_ABOVE", 3)
+    r2._PLANS.clear()
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(8)
+    for cu, expected in (([0, 2, 5, 8], False), ([0, 2, 3, 5, 8], True)):
+        t = randn((8, 1, 8), torch.float32, 0)
+        cu = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+        assert_rope_close(rope_2d(t, emb, "thd", cu_seqlens=cu),
+                          rope_reference(t.double(), emb, "thd", cu_seqlens=cu), torch.float32)
+        plan = r2._PLANS[next(reversed(r2._PLANS))]
+        assert plan.constexprs["TOKEN_ROWS"] is expected
