@@ -518,6 +518,15 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # thd with many sequences: a pre-pass writes each token's table row (see
     # thd_positions_kernel) instead of each tile searching cu_seqlens.
     cfg["token_rows"] = is_thd and cu_seqlens.numel() - 1 > TOKEN_ROWS_ABOVE
+    if cfg["token_rows"] and t.device.type == "cuda":
+        # With the pre-pass a tile pays no search: runs of 16 tokens x 4 heads (16 KB in bf16,
+        # 8 warps) were best, or within 0.3 points of it, at 4096, 16384 and 65536 sequences
+        # in the H100 sweep (scripts/tile_sweep.py, figures/tile_sweep.csv).
+        width = t.element_size() * (2 * _next_pow2(rotary_dim // 2) + (
+            _next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0))
+        block_h = min(_next_pow2(max(1, heads)), 4)
+        cfg.update(block_h=block_h, block_s=min(16, _floor_pow2(max(1, 16384 // (block_h * width)))),
+                   num_warps=8)
     if config:
         unknown = set(config) - set(cfg)
         if unknown:
