@@ -1,0 +1,77 @@
+"""Solutions to the exercises of notebook 06, "RoPE inside a real model".
+
+``tests/test_solutions_06.py`` checks them against transformers' own code, torch._dynamo and the
+recorded launch-latency run.
+
+Exercise 1: ``swap_rope``           a context manager that puts our RoPE into a transformers model
+                                    module and restores the original afterwards.
+Exercise 2: ``count_graph_breaks``  graph breaks and graphs of a function under torch.compile.
+Exercise 3: ``latency_budget``      a decode-sized call's microseconds, piece by piece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+__all__ = ["swap_rope", "count_graph_breaks", "latency_budget"]
+
+
+@contextlib.contextmanager
+def swap_rope(modeling_module, replacement: Callable | None = None):
+    """Exercise 1: within the block, ``modeling_module.apply_rotary_pos_emb`` is
+    ``rope_kernels.hf.apply_rotary_pos_emb`` (or ``replacement``); afterwards the original is
+    back, also if the block raised. Yields a list that records one entry per call."""
+    import rope_kernels.hf
+
+    replacement = replacement or rope_kernels.hf.apply_rotary_pos_emb
+    original = modeling_module.apply_rotary_pos_emb
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return replacement(*args, **kwargs)
+
+    modeling_module.apply_rotary_pos_emb = counted
+    try:
+        yield calls
+    finally:
+        modeling_module.apply_rotary_pos_emb = original
+
+
+def count_graph_breaks(fn: Callable, *args) -> tuple[int, int]:
+    """Exercise 2: (graph breaks, graphs) of ``fn(*args)`` as torch.compile traces it."""
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(fn)(*args)
+    return explanation.graph_break_count, explanation.graph_count
+
+
+def latency_budget(rows: dict, with_start: bool = True) -> dict:
+    """Exercise 3: from ``figures/launch_latency.json``'s ``us_per_call``, the microseconds of a
+    TransformerEngine-style decode call (bshd [64, 1, 32, 128] bf16), piece by piece:
+
+    - "Triton's launcher": CompiledKernel.run alone, arguments prepared;
+    - "thin-launch wrapper": _launch.thin_launch minus the above (pointers, device, stream, checks);
+    - "plan lookup and output": rope_2d called directly minus thin_launch (its key, the plan
+      lookup, torch.empty_like);
+    - "argument checks": the validate=False API call minus rope_2d directly;
+    - "value checks (host copy)": the default call minus the validate=False call;
+    - "total, default call" and "CUDA-graph replay" as measured.
+    """
+    label = "with start_positions" if with_start else "no start_positions"
+    run = rows["launch pieces: CompiledKernel.run alone, arguments ready (Triton's launcher)"]
+    thin = rows["launch pieces: _launch.thin_launch (pointers, device, stream, checks + the above)"]
+    direct = rows[f"te {label}: rope_2d directly (no checks)"]
+    fast = rows[f"te {label}: validate=False"]
+    default = rows[f"te {label}: default call (values checked: host copy)"]
+    return {
+        "Triton's launcher": run,
+        "thin-launch wrapper": thin - run,
+        "plan lookup and output": direct - thin,
+        "argument checks": fast - direct,
+        "value checks (host copy)": default - fast,
+        "total, default call": default,
+        "CUDA-graph replay": rows[f"te {label}: CUDA graph replay of the default call"],
+    }

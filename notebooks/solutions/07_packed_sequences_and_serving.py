@@ -1,0 +1,79 @@
+"""Solutions to the exercises of notebook 07, "Packed sequences and the serving conventions".
+
+``tests/test_solutions_07.py`` checks them against the package's kernels and its float64
+reference.
+
+Exercise 1: ``token_rows``          each packed token's angle-table row, in PyTorch, without a
+                                    Python loop over sequences (what thd_positions_kernel writes).
+Exercise 2: ``grid_waste``          the share of programs of a max_seqlen x sequences grid that
+                                    have no token to work on.
+Exercise 3: ``make_cos_sin_cache``  vLLM's cos/sin cache, and ``rope_with_cache`` the float64
+                                    rotation it stands for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["token_rows", "grid_waste", "make_cos_sin_cache", "rope_with_cache"]
+
+
+def token_rows(cu_seqlens: torch.Tensor, cp_size: int = 1, cp_rank: int = 0,
+               start_positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Exercise 1: int64 [total_tokens // cp_size]: for each local token, the row of the angle
+    table it uses (its position within its sequence, mapped for context parallelism as
+    TransformerEngine does, plus its sequence's start position)."""
+    cu = cu_seqlens.long() // cp_size
+    lengths = cu[1:] - cu[:-1]
+    n_tokens = int(cu[-1])
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths,
+                                  output_size=n_tokens)
+    local = torch.arange(n_tokens, device=cu.device) - cu[:-1][seq]
+    if cp_size > 1:
+        half = lengths[seq] // 2
+        local = torch.where(local < half, local + cp_rank * half,
+                            lengths[seq] * cp_size - (cp_rank + 1) * half + (local - half))
+    if start_positions is not None:
+        local = local + start_positions.long()[seq]
+    return local
+
+
+def grid_waste(lengths: Sequence[int], block_m: int = 4) -> float:
+    """Exercise 2: with a grid of cdiv(max_len, block_m) position blocks for every sequence (as
+    flash-attn's rotary launches for packed input), the fraction of programs that start past the
+    end of their sequence and return at once."""
+    if not lengths:
+        return 0.0
+    per_seq = math.ceil(max(lengths) / block_m)
+    busy = sum(math.ceil(n / block_m) for n in lengths)
+    return 1.0 - busy / (per_seq * len(lengths)) if per_seq else 0.0
+
+
+def make_cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0,
+                       device=None) -> torch.Tensor:
+    """Exercise 3a: float32 [max_position, rotary_dim]: cos of the angles in the first half of a
+    row, sin in the second (vLLM's RotaryEmbedding._compute_cos_sin_cache)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+    angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(device)
+
+
+def rope_with_cache(positions: torch.Tensor, x: torch.Tensor, head_size: int,
+                    cache: torch.Tensor, is_neox: bool = True) -> torch.Tensor:
+    """Exercise 3b: float64 x [tokens, heads * head_size] rotated at per-token positions."""
+    n = x.shape[0]
+    x = x.double().reshape(n, -1, head_size)
+    rotary_dim = cache.shape[1]
+    cos, sin = cache.double()[positions.long()].chunk(2, dim=-1)
+    cos, sin = cos[:, None], sin[:, None]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rot, rest), dim=-1).reshape(n, -1)

@@ -1,0 +1,59 @@
+"""Checks the solutions of notebook 07 (notebooks/solutions/07_packed_sequences_and_serving.py)
+against the package's kernels and the float64 reference."""
+
+import pytest
+import torch
+
+from conftest import DEVICE, assert_rope_close, load_solution, randn
+from rope_kernels import (RotaryPositionEmbedding, apply_rope_with_cos_sin_cache, rope_2d,
+                          rope_reference)
+
+sol = load_solution("07_packed_sequences_and_serving")
+
+
+@pytest.mark.parametrize("cp_size,starts", [(1, False), (1, True), (2, False), (2, True)])
+def test_token_rows_drive_the_kernel_like_the_reference(cp_size, starts):
+    """Each token rotated by the table row token_rows gives it equals the reference for the
+    packed tensor; and the kernel's pre-pass path gives the same (its output checked)."""
+    lengths = [4, 0, 8, 4, 12] if cp_size == 2 else [3, 0, 5, 1, 7]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEVICE)
+    sp = torch.tensor([2, 0, 1, 3, 0], dtype=torch.int32, device=DEVICE) if starts else None
+    rows = sol.token_rows(cu, cp_size, cp_size - 1, sp)
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(32)
+    t = randn((int(cu[-1]) // cp_size, 2, 8), torch.float32, 3)
+    ref = rope_reference(t.double(), emb, "thd", sp, False, cu, cp_size, cp_size - 1)
+    per_token = torch.stack([rope_reference(t.double()[i][None, None], emb[int(r):int(r) + 1])
+                             [0, 0] for i, r in enumerate(rows.tolist())])
+    assert torch.allclose(per_token, ref, atol=1e-12)
+    out = rope_2d(t, emb, "thd", sp, cu_seqlens=cu, cp_size=cp_size, cp_rank=cp_size - 1,
+                  config=dict(token_rows=True))
+    assert_rope_close(out, ref, torch.float32)
+
+
+def test_token_rows_is_not_a_python_loop_over_sequences():
+    cu = torch.arange(0, 2 * 50001, 2, dtype=torch.int32)  # 50000 sequences of 2 tokens
+    rows = sol.token_rows(cu)
+    assert rows.tolist()[:6] == [0, 1, 0, 1, 0, 1] and len(rows) == 100000
+
+
+@pytest.mark.parametrize("lengths,block_m,expected", [
+    ([8, 8, 8], 4, 0.0), ([8, 1], 4, 0.25), ([16, 1, 1, 1], 4, 0.5625), ([], 4, 0.0), ([3], 4, 0.0),
+    ([4096] + [4] * 15, 4, 1 - (1024 + 15) / (1024 * 16))])
+def test_grid_waste(lengths, block_m, expected):
+    assert sol.grid_waste(lengths, block_m) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_cache_and_reference_match_the_package(is_neox):
+    cache = sol.make_cos_sin_cache(64, 12, device=DEVICE)
+    assert cache.shape == (64, 12) and cache.dtype == torch.float32
+    assert torch.allclose(cache[:, :6] ** 2 + cache[:, 6:] ** 2, torch.ones(64, 6, device=DEVICE))
+    positions = torch.tensor([5, 0, 63, 5], device=DEVICE)
+    q, k = randn((4, 3 * 16), torch.float32, 1), randn((4, 16), torch.float32, 2)
+    qo, ko = apply_rope_with_cos_sin_cache(positions, q, k, 16, cache, is_neox)
+    assert_rope_close(qo, sol.rope_with_cache(positions, q, 16, cache, is_neox), torch.float32)
+    assert_rope_close(ko, sol.rope_with_cache(positions, k, 16, cache, is_neox), torch.float32)
+    # able to fail: the other pairing gives another result
+    other = sol.rope_with_cache(positions, q, 16, cache, not is_neox)
+    assert not torch.allclose(qo.double(), other, atol=1e-3)
