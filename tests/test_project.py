@@ -35,8 +35,8 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
     assert "-e ." in pip_section, "environment.yml must install this package itself"
 
 
-def test_there_are_five_numbered_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"], NOTEBOOKS
+def test_there_are_seven_numbered_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07"], NOTEBOOKS
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
