@@ -237,7 +237,24 @@ def _freqs_table(name: str, freqs, device) -> None:
 
 def validate_qkv_args(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, start_positions,
                       interleaved, cu_seqlens, cp_size, cp_rank, check_values: bool) -> None:
-    """apply_fused_qkv_rotary_pos_emb: qkv [s, b, h, q + k + v] (sbhd) or [b, s, h, ...]."""
+    """apply_fused_qkv_rotary_pos_emb: qkv [s, b, h, q + k + v] (sbhd) or [b, s, h, ...]
+    (metadata once per call signature, values of start_positions when asked)."""
+    sig = None
+    if (all(isinstance(x, torch.Tensor) for x in (qkv, q_freqs, k_freqs))
+            and isinstance(qkv_split_arg_list, (list, tuple))):
+        sig = ("qkv", _meta(qkv), _meta(q_freqs), _meta(k_freqs),
+               tuple((type(n), n) for n in qkv_split_arg_list), tensor_format,
+               _meta(start_positions), _meta(cu_seqlens), interleaved, type(interleaved),
+               cp_size, type(cp_size), cp_rank, type(cp_rank))
+    _remembered(sig, lambda: _validate_qkv_meta(qkv, q_freqs, k_freqs, qkv_split_arg_list,
+                                                tensor_format, start_positions, interleaved,
+                                                cu_seqlens, cp_size, cp_rank))
+    if check_values:  # q and k have qkv's sequence and batch axes
+        _validate_values(qkv, q_freqs, tensor_format, start_positions, None, cp_size)
+
+
+def _validate_qkv_meta(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, start_positions,
+                       interleaved, cu_seqlens, cp_size, cp_rank) -> None:
     _tensor("qkv", qkv, "[s, b, h, q_split + k_split + v_split]")
     if tensor_format == "thd":
         raise ValueError("tensor_format 'thd' is not supported by apply_fused_qkv_rotary_pos_emb "
@@ -269,8 +286,8 @@ def validate_qkv_args(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, 
         raise ValueError(f"q_freqs and k_freqs must have the same shape, got "
                          f"{tuple(q_freqs.shape)} and {tuple(k_freqs.shape)}")
     # The checks of apply_rotary_pos_emb, on a [s, b, h, k_split] view standing in for q and k.
-    validate_rope_args(qkv[..., :k_split], q_freqs, tensor_format, start_positions, interleaved, None,
-                       cp_size, cp_rank, True, check_values)
+    _validate_meta(qkv[..., :k_split], q_freqs, tensor_format, start_positions, interleaved, None,
+                   cp_size, cp_rank, True)
 
 
 def validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,

@@ -437,8 +437,60 @@ def rope_qk_parts(q, q_out, k, k_out, v=None, v_out=None, *, angles: str, table:
 # ---------------------------------------------------------------------------------------------
 # The three conventions
 # ---------------------------------------------------------------------------------------------
-def _sbhd(t: torch.Tensor, tensor_format: str) -> torch.Tensor:
-    return t.transpose(0, 1) if tensor_format == "bshd" else t
+def _qkv_parts(x: torch.Tensor, tensor_format: str, splits, heads: int):
+    """Sizes and strides of the q, k and v parts of a qkv-shaped tensor, as [s, b, g, u, d]."""
+    q_split, k_split, v_split = splits
+    st = x.stride()
+    s_st, b_st = (st[1], st[0]) if tensor_format == "bshd" else (st[0], st[1])
+    s, b = (x.shape[1], x.shape[0]) if tensor_format == "bshd" else (x.shape[0], x.shape[1])
+    n_q = q_split // k_split
+    return (((s, b, heads, n_q, k_split), (s_st, b_st, st[2], k_split * st[3], st[3])),
+            ((s, b, heads, 1, k_split), (s_st, b_st, st[2], 0, st[3])),
+            ((s, b, heads, 1, v_split), (s_st, b_st, st[2], 0, st[3])))
+
+
+def _heads_parts(t: torch.Tensor, tensor_format: str, heads: int):
+    """Sizes and strides of a [s, b, heads * n, d] output (q: n > 1) seen as [s, b, heads, n, d]."""
+    st = t.stride()
+    s_st, b_st = (st[1], st[0]) if tensor_format == "bshd" else (st[0], st[1])
+    s, b = (t.shape[1], t.shape[0]) if tensor_format == "bshd" else (t.shape[0], t.shape[1])
+    n = t.shape[2] // heads
+    return (s, b, heads, n, t.shape[3]), (s_st, b_st, n * st[2], st[2], st[3])
+
+
+def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_positions,
+             interleaved, cp_size, cp_rank, backward):
+    """Rotate q and k and copy v between the packed tensor and the three split ones: forward
+    reads ``qkv_like`` and writes q, k, v; backward reads q, k, v and writes ``qkv_like``."""
+    if k_freqs.stride() != q_freqs.stride():
+        q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
+    h = k.shape[2]
+    sig = ("qkv", qkv_like.shape, qkv_like.stride(), q.stride(), k.stride(), v.stride(),
+           qkv_like.dtype, qkv_like.device, tuple(splits), tensor_format, q_freqs.shape[-1],
+           q_freqs.stride(), None if start_positions is None else start_positions.dtype,
+           bool(interleaved), cp_size, cp_rank, bool(backward))
+
+    def make_plan():
+        packed = _qkv_parts(qkv_like, tensor_format, splits, h)
+        split = [_heads_parts(x, tensor_format, h) for x in (q, k, v)]
+        # (sizes, strides of what is read, strides of what is written)
+        parts = [(sizes, (o[1] if backward else st), (st if backward else o[1]))
+                 for (sizes, st), o in zip(packed, split)]
+        return _plan(parts[0], parts[1], parts[2], device=qkv_like.device, dtype=qkv_like.dtype,
+                     angles=ANGLES["freqs"], rotary_dim=q_freqs.shape[-1], has_positions=False,
+                     has_start=start_positions is not None, interleaved=interleaved,
+                     backward=backward, cp_size=cp_size, cp_rank=cp_rank,
+                     t_strides=(0, q_freqs.stride(0), q_freqs.stride(-1)), p_strides=(0, 0))
+
+    # The k and v parts of the packed tensor start q_split and q_split + k_split channels in.
+    k_packed = qkv_like[..., splits[0]:]
+    v_packed = qkv_like[..., splits[0] + splits[1]:]
+    if backward:
+        ptrs = (q, qkv_like, k, k_packed, v, v_packed)
+    else:
+        ptrs = (qkv_like, q, k_packed, k, v_packed, v)
+    _run(sig, make_plan, (*ptrs, q_freqs, k_freqs, q_freqs, qkv_like,
+                          start_positions if start_positions is not None else qkv_like))
 
 
 def rope_qkv(qkv: torch.Tensor, q_freqs: torch.Tensor, k_freqs: torch.Tensor,
@@ -452,24 +504,16 @@ def rope_qkv(qkv: torch.Tensor, q_freqs: torch.Tensor, k_freqs: torch.Tensor,
     contiguous ``q [s, b, h * q_split / k_split, k_split]``, ``k [s, b, h, k_split]`` and
     ``v [s, b, h, v_split]`` (bshd: s and b exchanged), as TransformerEngine does.
     """
-    q_split, k_split, v_split = (int(n) for n in qkv_split_arg_list)
-    n_q = q_split // k_split
-    lead = qkv.shape[:2]
-    h = qkv.shape[2]
-    q_out = torch.empty((*lead, h * n_q, k_split), dtype=qkv.dtype, device=qkv.device)
+    _check_device(qkv)
+    q_split, k_split, v_split = splits = [int(n) for n in qkv_split_arg_list]
+    lead, h = qkv.shape[:2], qkv.shape[2]
+    q_out = torch.empty((*lead, h * (q_split // k_split), k_split), dtype=qkv.dtype,
+                        device=qkv.device)
     k_out = torch.empty((*lead, h, k_split), dtype=qkv.dtype, device=qkv.device)
     v_out = torch.empty((*lead, h, v_split), dtype=qkv.dtype, device=qkv.device)
-    x = _sbhd(qkv, tensor_format)
-    q = x[..., :q_split].unflatten(-1, (n_q, k_split))
-    k = x[..., q_split:q_split + k_split].unsqueeze(3)
-    v = x[..., q_split + k_split:].unsqueeze(3)
-    # Views, never copies: the kernel writes through them into the three outputs.
-    views = [_sbhd(o, tensor_format).unflatten(2, (h, -1)) for o in (q_out, k_out, v_out)]
-    if k_freqs.stride() != q_freqs.stride():
-        q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
-    rope_qk_parts(q, views[0], k, views[1], v, views[2], angles="freqs", table=q_freqs,
-                  k_table=k_freqs, rotary_dim=q_freqs.shape[-1], start_positions=start_positions,
-                  interleaved=interleaved, cp_size=cp_size, cp_rank=cp_rank)
+    if qkv.numel():
+        _run_qkv(qkv, q_out, k_out, v_out, q_freqs, k_freqs, splits, tensor_format,
+                 start_positions, interleaved, cp_size, cp_rank, backward=False)
     return q_out, k_out, v_out
 
 
@@ -479,23 +523,15 @@ def rope_qkv_backward(q_grad: torch.Tensor, k_grad: torch.Tensor, v_grad: torch.
                       start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
                       cp_size: int = 1, cp_rank: int = 0) -> torch.Tensor:
     """Gradient of ``rope_qkv`` with respect to qkv (one launch): q and k rotated back by
-    R(-theta), v copied, all written into one new contiguous qkv-shaped tensor."""
-    q_split, k_split, v_split = (int(n) for n in qkv_split_arg_list)
-    n_q = q_split // k_split
+    R(-theta), v copied, all written into one new contiguous qkv-shaped tensor. The incoming
+    gradients may have any strides (stride 0 from ``out.sum()`` too)."""
+    _check_device(k_grad)
+    splits = [int(n) for n in qkv_split_arg_list]
     lead, h = k_grad.shape[:2], k_grad.shape[2]
-    grad = torch.empty((*lead, h, q_split + k_split + v_split), dtype=k_grad.dtype,
-                       device=k_grad.device)
-    g = _sbhd(grad, tensor_format)
-    # Any strides (a gradient of `out.sum()` has stride 0 everywhere): views, never copies.
-    ins = [_sbhd(x, tensor_format).unflatten(2, (h, -1)) for x in (q_grad, k_grad, v_grad)]
-    if k_freqs.stride() != q_freqs.stride():
-        q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
-    rope_qk_parts(ins[0], g[..., :q_split].unflatten(-1, (n_q, k_split)),
-                  ins[1], g[..., q_split:q_split + k_split].unsqueeze(3),
-                  ins[2], g[..., q_split + k_split:].unsqueeze(3),
-                  angles="freqs", table=q_freqs, k_table=k_freqs, rotary_dim=q_freqs.shape[-1],
-                  start_positions=start_positions, interleaved=interleaved, backward=True,
-                  cp_size=cp_size, cp_rank=cp_rank)
+    grad = torch.empty((*lead, h, sum(splits)), dtype=k_grad.dtype, device=k_grad.device)
+    if grad.numel():
+        _run_qkv(grad, q_grad, k_grad, v_grad, q_freqs, k_freqs, splits, tensor_format,
+                 start_positions, interleaved, cp_size, cp_rank, backward=True)
     return grad
 
 
