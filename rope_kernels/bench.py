@@ -279,6 +279,21 @@ def _flash_attn():
     return make
 
 
+def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` warmed up on a side stream (compilation stays outside the capture), captured once
+    in a CUDA graph; returns the graph's replay: one call, no Python launch path."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _cuda_graph(launcher):
     """Our kernel captured once in a CUDA graph and replayed: what a decode loop that uses
     graphs (as serving stacks do) pays per call, with no Python launch path at all."""
@@ -286,16 +301,8 @@ def _cuda_graph(launcher):
         if direction != "forward":
             return None
         kw = p.kwargs()
-        out = launcher(p.t, p.freqs, **kw)  # compile outside the capture
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            launcher(p.t, p.freqs, out=out, **kw)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launcher(p.t, p.freqs, out=out, **kw)
-        return graph.replay
+        out = launcher(p.t, p.freqs, **kw)
+        return graph_replay(lambda: launcher(p.t, p.freqs, out=out, **kw))
     return make
 
 
@@ -439,16 +446,8 @@ def _qk_graph(p, direction):
     if direction != "forward":
         return None
     q, k = p.tokens(p.q), p.tokens(p.k)
-    call = lambda: apply_rope_with_cos_sin_cache_inplace(p.positions, q, k, p.head_dim, p.cache)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+    return graph_replay(
+        lambda: apply_rope_with_cos_sin_cache_inplace(p.positions, q, k, p.head_dim, p.cache))
 
 
 def _liger_qk():

@@ -22,7 +22,7 @@ import triton
 import rope_kernels as rk
 from rope_kernels import _launch, _ops, rope_qk
 from rope_kernels._validate import validate_rope_args
-from rope_kernels.bench import provenance, time_per_call_us
+from rope_kernels.bench import graph_replay as graph_of, provenance, time_per_call_us
 
 
 def host_us(fn, n=20000) -> float:
@@ -32,19 +32,6 @@ def host_us(fn, n=20000) -> float:
     for _ in range(n):
         fn()
     return (time.perf_counter() - t0) / n * 1e6
-
-
-def graph_of(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def main(argv=None):
