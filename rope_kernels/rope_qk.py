@@ -391,49 +391,6 @@ def _check_device(x: torch.Tensor) -> None:
                            "module (e.g. `TRITON_INTERPRET=1 python ...`).")
 
 
-def _angle_strides(angles: str, table: torch.Tensor):
-    if angles == "cos_sin":  # [b, s, rotary_dim]
-        return (table.stride(0), table.stride(1), table.stride(-1))
-    return (0, table.stride(0), table.stride(-1))  # rows = positions
-
-
-def rope_qk_parts(q, q_out, k, k_out, v=None, v_out=None, *, angles: str, table: torch.Tensor,
-                  sin: Optional[torch.Tensor] = None, rotary_dim: int,
-                  positions: Optional[torch.Tensor] = None,
-                  start_positions: Optional[torch.Tensor] = None, interleaved: bool = False,
-                  backward: bool = False, cp_size: int = 1, cp_rank: int = 0,
-                  k_table: Optional[torch.Tensor] = None) -> None:
-    """The general launcher: every part a ``[s, b, g, u, d]`` view (v: ``u == 1``), outputs
-    written in place of ``q_out``, ``k_out``, ``v_out`` (which may be the inputs themselves).
-
-    ``table``: the angle table ``[rows, ..., rotary_dim]`` (angles "freqs"; ``k_table`` for k,
-    same shape and strides), the cos/sin cache ``[rows, rotary_dim]`` ("cache"), or cos
-    ``[b, s, rotary_dim]`` with ``sin`` alike ("cos_sin"). ``positions``: int ``[s, b]``.
-    """
-    _check_device(q)
-    if q.numel() == 0 and k.numel() == 0 and (v is None or v.numel() == 0):
-        return
-    code = ANGLES[angles]
-    t_strides = _angle_strides(angles, table)
-    p_strides = tuple(positions.stride()) if positions is not None else (0, 0)
-    parts = [(tuple(x.shape), tuple(x.stride()), tuple(o.stride()))
-             for x, o in ((q, q_out), (k, k_out)) + (((v, v_out),) if v is not None else ())]
-    key = ("parts", *parts, q.dtype, q.device, code, t_strides, table.dtype, p_strides,
-           None if positions is None else positions.dtype,
-           None if start_positions is None else start_positions.dtype,
-           rotary_dim, bool(interleaved), bool(backward), cp_size, cp_rank)
-    _run(key, lambda: _plan(
-        parts[0], parts[1], parts[2] if v is not None else None, device=q.device, dtype=q.dtype,
-        angles=code, rotary_dim=rotary_dim, has_positions=positions is not None,
-        has_start=start_positions is not None, interleaved=interleaved, backward=backward,
-        cp_size=cp_size, cp_rank=cp_rank, t_strides=t_strides, p_strides=p_strides),
-        # Unused pointer arguments get q as a placeholder; constexpr flags keep them unread.
-        (q, q_out, k, k_out, v if v is not None else q, v_out if v is not None else q,
-         table, k_table if k_table is not None else table, sin if sin is not None else table,
-         positions if positions is not None else q,
-         start_positions if start_positions is not None else q))
-
-
 # ---------------------------------------------------------------------------------------------
 # The three conventions
 # ---------------------------------------------------------------------------------------------
