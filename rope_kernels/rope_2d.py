@@ -87,30 +87,20 @@ def _positions(
     return pos
 
 
-@triton.jit
-def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, cp_size, cp_rank,
-                         HAS_START: tl.constexpr, USE_CP: tl.constexpr, BLOCK: tl.constexpr):
-    """Pre-pass for packs of many short sequences: program i writes the angle-table row of every
-    token of sequence i (its position, mapped for context parallelism, + its start position).
-    The main kernel then reads one int per token instead of searching ``cu_seqlens`` for the
-    sequence that holds it (a chain of log2(n_seqs) dependent loads per tile)."""
-    seq = tl.program_id(0)
-    begin = tl.load(cu_seqlens_ptr + seq) // cp_size
-    end = tl.load(cu_seqlens_ptr + seq + 1) // cp_size
-    cur_len = end - begin
-    first = 0
-    if HAS_START:
-        first = tl.load(start_positions_ptr + seq)
-    for off in range(begin, end, BLOCK):
-        token = off + tl.arange(0, BLOCK)
-        local = token - begin
-        if USE_CP:
-            half = cur_len // 2
-            pos = tl.where(local < half, local + cp_rank * half,
-                           cur_len * cp_size - (cp_rank + 1) * half + (local - half))
-        else:
-            pos = local
-        tl.store(token_rows_ptr + token, pos + first, mask=token < end)
+@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "search_steps", "cp_size", "cp_rank"])
+def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_tokens, n_seqs,
+                         search_steps, cp_size, cp_rank, HAS_START: tl.constexpr,
+                         USE_CP: tl.constexpr, BLOCK: tl.constexpr):
+    """Pre-pass for packs of many short sequences: writes the angle-table row of each of
+    ``BLOCK`` consecutive tokens (``_positions``: the binary search over ``cu_seqlens``, the
+    context-parallel mapping and the start position). The main kernel then reads one int per
+    token instead of searching in every tile. One program per token block, so the grid follows
+    the tokens, never the sequences or the longest sequence; each thread runs a few searches
+    side by side, which hides the latency of their dependent loads."""
+    token = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
+                     cp_size, cp_rank, True, HAS_START, USE_CP)
+    tl.store(token_rows_ptr + token, pos, mask=token < n_tokens)
 
 
 @triton.jit
@@ -419,6 +409,11 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
 TOKEN_ROWS_ABOVE = 1024  # thd: more sequences than this -> the per-token pre-pass
+# Tokens per program of the pre-pass, on 2 warps: 4 searches per thread. 65536 tokens in 16 to
+# 65536 sequences took 5.6-11.3 us on the H200 (one program per sequence, the earlier design:
+# 44 us at 65536 sequences; 1024 tokens on 4 warps were slower on the H100; figures/
+# thd_pre_pass.json, scripts/thd_pre_pass.py).
+PRE_PASS_BLOCK = 256
 SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole
 
 
@@ -655,8 +650,12 @@ def rope_2d(
         seq_info = torch.empty(t.shape[0], dtype=torch.int32, device=t.device)
         pre = _PRE_PLANS.get(key)
         if pre is None:
-            pre = _PRE_PLANS[key] = Plan((cu_seqlens.numel() - 1, 1, 1), (cp_size, cp_rank), dict(
-                HAS_START=start_positions is not None, USE_CP=cp_size > 1, BLOCK=256), 4)
+            n_tokens, n_seqs = t.shape[0], cu_seqlens.numel() - 1
+            pre = _PRE_PLANS[key] = Plan(
+                (triton.cdiv(n_tokens, PRE_PASS_BLOCK), 1, 1),
+                (n_tokens, n_seqs, max(1, (n_seqs - 1).bit_length()), cp_size, cp_rank),
+                dict(HAS_START=start_positions is not None, USE_CP=cp_size > 1,
+                     BLOCK=PRE_PASS_BLOCK), 2)
         launch(thd_positions_kernel, pre, (cu_seqlens, start_positions if start_positions
                                            is not None else cu_seqlens, seq_info))
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.

@@ -1,0 +1,84 @@
+"""The thd pre-pass on a GPU: its cost by number of sequences, next to the design it replaced,
+and the whole call with the pre-pass and with the search in every tile.
+
+    python scripts/thd_pre_pass.py [--out FILE.json]
+
+Problems as in the benchmark's thd sweep: 4096 x 16 = 65536 tokens, 32 heads, head_dim 128, cut
+at random into n_seqs sequences of mixed lengths. Times are do_bench medians.
+- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (a binary search per token, 256 tokens per
+  program), and ``pre_us_per_sequence``: the earlier pre-pass, one program per sequence writing
+  its tokens' rows (kept here only to compare).
+- ``frac_search`` / ``frac_pre_pass``: the whole ``rope_2d`` call (bytes as in the benchmark) as
+  a fraction of the device copy, with ``config=dict(token_rows=False / True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pathlib
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from rope_kernels.bench import Problem, copy_bandwidth_gbps, provenance  # noqa: E402
+
+r2 = importlib.import_module("rope_kernels.rope_2d")
+
+
+@triton.jit
+def per_sequence_pre_pass(cu_seqlens_ptr, token_rows_ptr, BLOCK: tl.constexpr):
+    """The earlier design (no cp, no start positions): program i writes sequence i's rows."""
+    seq = tl.program_id(0)
+    begin = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    for off in range(begin, end, BLOCK):
+        token = off + tl.arange(0, BLOCK)
+        tl.store(token_rows_ptr + token, token - begin, mask=token < end)
+
+
+def us(fn) -> float:
+    return round(1e3 * do_bench(fn, return_mode="median"), 2)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=pathlib.Path, default=None)
+    args = ap.parse_args(argv)
+    copy = copy_bandwidth_gbps()
+    rows = []
+    for n_seqs in (16, 256, 1024, 2048, 4096, 16384, 65536):
+        for dtype in ("bf16", "fp32"):
+            p = Problem("thd", dtype, n_seqs=n_seqs)
+            t, freqs, cu = p.t, p.freqs, p.cu_seqlens
+            n_tokens = t.shape[0]
+            token_rows = torch.empty(n_tokens, dtype=torch.int32, device=t.device)
+            row = dict(n_seqs=n_seqs, dtype=dtype, max_len=p.max_len)
+            for name, on in (("frac_search", False), ("frac_pre_pass", True)):
+                ms = do_bench(lambda on=on: r2.rope_2d(t, freqs, "thd", cu_seqlens=cu,
+                                                       config=dict(token_rows=on)),
+                              return_mode="median")
+                row[name] = round(p.nbytes / ms / 1e6 / copy, 4)
+            block = r2.PRE_PASS_BLOCK
+            row["pre_us"] = us(lambda: r2.thd_positions_kernel[(triton.cdiv(n_tokens, block),)](
+                cu, cu, token_rows, n_tokens, n_seqs, max(1, (n_seqs - 1).bit_length()), 1, 0,
+                HAS_START=False, USE_CP=False, BLOCK=block, num_warps=2))
+            row["pre_us_per_sequence"] = us(lambda: per_sequence_pre_pass[(n_seqs,)](
+                cu, token_rows, BLOCK=256, num_warps=4))
+            print(row, flush=True)
+            rows.append(row)
+    prov = provenance(copy, "thd_pre_pass")
+    prov["command"] = "python scripts/thd_pre_pass.py"
+    result = dict(provenance=prov, rows=rows)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
