@@ -329,10 +329,15 @@ def test_interleaved_pairs_as_words_and_fallback(dtype, backward, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (1, True), (2, False), (2, True)])
 @pytest.mark.parametrize("backward", [False, True])
-def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, seed):
+@pytest.mark.parametrize("pre_pass_block", [256, 4])
+def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_block, seed,
+                                 monkeypatch):
     """Packs of many sequences: the pre-pass that writes each token's table row gives what the
     in-kernel search gives and what the reference gives, empty sequences, context parallelism
-    and start positions included; and it is what the default picks past TOKEN_ROWS_ABOVE."""
+    and start positions included; with 4 tokens per pre-pass program the pack spans many
+    programs, the last one partly masked."""
+    monkeypatch.setattr(r2, "PRE_PASS_BLOCK", pre_pass_block)
+    r2._PRE_PLANS.clear()
     lengths = [4, 0, 6, 2, 8, 0, 2, 4, 12, 2] if cp_size == 1 else [4, 0, 8, 4, 12, 0, 4, 8]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
                       device=DEVICE)
@@ -352,6 +357,28 @@ def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, seed):
         assert_rope_close(out, ref, dtype, f"token_rows={token_rows}")
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("cp_size,starts", [(1, False), (2, True)])
+def test_thd_pre_pass_on_a_large_pack(cp_size, starts, seed):
+    """1500 sequences of 0-3 tokens (doubled for cp_size 2), past TOKEN_ROWS_ABOVE, so the default
+    takes the pre-pass; thousands of tokens span several of its programs. Against the reference,
+    output poisoned with NaN."""
+    g = torch.Generator().manual_seed(seed)
+    n = 1500
+    lengths = torch.randint(0, 4, (n,), generator=g) * cp_size * 2
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32).to(DEVICE)
+    sp = torch.randint(0, 5, (n,), generator=g, dtype=torch.int32).to(DEVICE) if starts else None
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(32)
+    t = randn((int(cu[-1]) // cp_size, 2, 8), torch.float32, seed)
+    assert t.shape[0] > 2 * r2.PRE_PASS_BLOCK
+    r2._PLANS.clear()
+    out = torch.full_like(t, float("nan"))
+    rope_2d(t, emb, "thd", sp, cu_seqlens=cu, cp_size=cp_size, cp_rank=cp_size - 1, out=out)
+    (plan,) = r2._PLANS.values()
+    assert plan.constexprs["TOKEN_ROWS"] is True
+    assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, False, cu, cp_size,
+                                          cp_size - 1), torch.float32)
 
 
 def test_thd_default_takes_the_pre_pass_for_many_sequences(monkeypatch):
