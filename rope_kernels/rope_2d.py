@@ -106,9 +106,9 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
 @triton.jit
 def _fast_sincos(x):
     """cos(x), sin(x) through the SFU's cos.approx/sin.approx (absolute error ~1e-6 after the
-    range reduction; measured up to |x| = 1e5 by a round-4 probe, now in git history). Used for 16-bit outputs,
-    whose rounding (>= 5e-4) hides that error; libdevice's cos/sin take ~40 instructions and
-    registers enough to cost bandwidth."""
+    range reduction; measured up to |x| = 1e5 by a round-4 probe, now in git history). Used for
+    16-bit outputs, whose rounding (>= 5e-4) hides that error; libdevice's cos/sin take ~40
+    instructions and registers enough to cost bandwidth."""
     # x - 2*pi*k in two steps: 6.28125 has 8 significant bits, so k * 6.28125 is exact for
     # |k| < 2**16 (|x| < ~4e5), and the second constant carries the rest of 2*pi.
     k = tl.floor(x * 0.15915494309189535 + 0.5)
@@ -357,6 +357,11 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _search_steps(n_seqs: int) -> int:
+    """Iterations of the binary search over cu_seqlens that pin a token to one of n_seqs."""
+    return max(1, (n_seqs - 1).bit_length())
+
+
 def _floor_pow2(n: int) -> int:
     """Largest power of two <= n (1 for n < 1): block sizes feed tl.arange."""
     return 1 << max(0, n.bit_length() - 1)
@@ -478,6 +483,15 @@ _PRE_PLANS: dict = {}  # the same signatures -> Plan of the thd pre-pass, where 
 _MAX_PLANS = 4096
 
 
+def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0,
+                  has_start: bool = False) -> Plan:
+    """Launch plan of ``thd_positions_kernel``: one program per PRE_PASS_BLOCK tokens, 2 warps.
+    Pointers: (cu_seqlens, start_positions or a placeholder, token_rows [n_tokens] int32)."""
+    return Plan((triton.cdiv(n_tokens, PRE_PASS_BLOCK), 1, 1),
+                (n_tokens, n_seqs, _search_steps(n_seqs), cp_size, cp_rank),
+                dict(HAS_START=has_start, USE_CP=cp_size > 1, BLOCK=PRE_PASS_BLOCK), 2)
+
+
 def launch(kernel, plan: Plan, pointers):
     """Launch through Triton's own dispatch. (The rope_kernels package replaces this with a
     launcher that skips Triton's per-call argument analysis, rope_kernels/_launch.py; a copy of
@@ -550,7 +564,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         o_strides = (*(st // 2 for st in o_strides[:3]), 1)
     scalars = (seq_rows, batch, heads, rotary_dim, head_dim, *x_strides, *o_strides,
                freqs.stride(0), freqs.stride(-1),
-               n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
+               n_seqs, _search_steps(n_seqs) if is_thd else 0, cp_size, cp_rank,
                h_blocks, s_blocks, group_b)
     constexprs = dict(
         IS_THD=is_thd,
@@ -650,12 +664,8 @@ def rope_2d(
         seq_info = torch.empty(t.shape[0], dtype=torch.int32, device=t.device)
         pre = _PRE_PLANS.get(key)
         if pre is None:
-            n_tokens, n_seqs = t.shape[0], cu_seqlens.numel() - 1
-            pre = _PRE_PLANS[key] = Plan(
-                (triton.cdiv(n_tokens, PRE_PASS_BLOCK), 1, 1),
-                (n_tokens, n_seqs, max(1, (n_seqs - 1).bit_length()), cp_size, cp_rank),
-                dict(HAS_START=start_positions is not None, USE_CP=cp_size > 1,
-                     BLOCK=PRE_PASS_BLOCK), 2)
+            pre = _PRE_PLANS[key] = pre_pass_plan(t.shape[0], cu_seqlens.numel() - 1, cp_size,
+                                                  cp_rank, start_positions is not None)
         launch(thd_positions_kernel, pre, (cu_seqlens, start_positions if start_positions
                                            is not None else cu_seqlens, seq_info))
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.

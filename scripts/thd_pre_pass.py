@@ -65,10 +65,9 @@ def main(argv=None):
                                                        config=dict(token_rows=on)),
                               return_mode="median")
                 row[name] = round(p.nbytes / ms / 1e6 / copy, 4)
-            block = r2.PRE_PASS_BLOCK
-            row["pre_us"] = us(lambda: r2.thd_positions_kernel[(triton.cdiv(n_tokens, block),)](
-                cu, cu, token_rows, n_tokens, n_seqs, max(1, (n_seqs - 1).bit_length()), 1, 0,
-                HAS_START=False, USE_CP=False, BLOCK=block, num_warps=2))
+            pre = r2.pre_pass_plan(n_tokens, n_seqs)  # what rope_2d launches
+            row["pre_us"] = us(lambda: r2.launch(r2.thd_positions_kernel, pre,
+                                                 (cu, cu, token_rows)))
             row["pre_us_per_sequence"] = us(lambda: per_sequence_pre_pass[(n_seqs,)](
                 cu, token_rows, BLOCK=256, num_warps=4))
             print(row, flush=True)
