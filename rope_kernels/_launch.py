@@ -19,6 +19,15 @@ to Triton's own dispatch:
   ``ValueError`` from it (raised while parsing arguments, before any launch) switches the thin
   path off for the process with a warning, and that call goes through the dispatch.
 
+On triton 3.6, where the compiled kernel's launcher is the Python wrapper this was written
+against (``CudaLauncher`` around a generated C function, no scratch memory, no tensor
+descriptors), the call goes one step further down, to that C function, with the arguments the
+wrapper would pass it. Any other version or launcher is called through ``CompiledKernel.run``.
+
+``RECORDING``: while it is a list, every launch appends ``(kernel, plan, pointers)`` to it. The
+public entry points use this to remember, per call signature, the one launch a call makes
+(see ``api.py``), so that a repeated call goes from its arguments straight to this function.
+
 Checked with triton 3.6.0 on the GPU machine (CI runs triton 3.7.1 on a CPU, where kernels are
 interpreted and this path is never taken).
 """
@@ -33,6 +42,8 @@ import triton
 # The interpreter (no GPU) has no compiled kernels to reuse.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 ENABLED = True  # set False to always go through Triton's dispatch
+DIRECT = True  # set False to call CompiledKernel.run rather than the C function under it
+RECORDING = None  # a list while an entry point records the launches of a call
 _MISSING = object()
 
 
@@ -73,6 +84,24 @@ def _usable(compiled) -> bool:
                for name in ("run", "function", "packed_metadata"))
 
 
+def _direct(compiled):
+    """(C launch function, cooperative, pdl) when the compiled kernel's launcher is triton 3.6's
+    CudaLauncher with nothing of its own to do per call (no scratch memory to allocate, no tensor
+    descriptors to build), else None."""
+    launcher = compiled.run
+    c_launch = getattr(launcher, "launch", None)
+    if (not DIRECT or not triton.__version__.startswith("3.6.")
+            or type(launcher).__name__ != "CudaLauncher"
+            or getattr(c_launch, "__module__", None) != "__triton_launcher"
+            or getattr(launcher, "global_scratch_size", 1) != 0
+            or getattr(launcher, "profile_scratch_size", 1) != 0):
+        return None
+    try:
+        return c_launch, bool(launcher.launch_cooperative_grid), bool(launcher.launch_pdl)
+    except AttributeError:
+        return None
+
+
 def disable(reason: str) -> None:
     global ENABLED
     if ENABLED:
@@ -83,6 +112,8 @@ def disable(reason: str) -> None:
 
 def thin_launch(kernel, plan, pointers):
     """Launch ``kernel`` for ``plan`` (grid, scalars, constexprs, num_warps, compiled)."""
+    if RECORDING is not None:
+        RECORDING.append((kernel, plan, pointers))
     thin = ENABLED and not INTERPRETED and _dispatch_is_plain(kernel)
     if thin:
         driver = triton.runtime.driver.active
@@ -93,14 +124,21 @@ def thin_launch(kernel, plan, pointers):
         key = (device, *[x & 15 == 0 for x in ptrs])
         entry = plan.compiled.get(key)
         if entry is not None and not isinstance(entry, _Pending):
-            compiled, tail = entry
+            compiled, tail, direct = entry
             g0, g1, g2 = plan.grid
+            stream = driver.get_current_stream(device)
             try:
-                # The arguments JITFunction.run passes: no launch metadata, no hooks (checked).
-                compiled.run(g0, g1, g2, driver.get_current_stream(device), compiled.function,
+                if direct is not None:
+                    # CudaLauncher.__call__'s call, its scratch buffers None (none needed).
+                    c_launch, cooperative, pdl = direct
+                    c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl, None, None,
                              compiled.packed_metadata, None, None, None, *ptrs, *tail)
+                else:
+                    # The arguments JITFunction.run passes: no launch metadata, no hooks (checked).
+                    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                                 None, None, None, *ptrs, *tail)
                 return compiled
-            except (TypeError, AttributeError, ValueError) as e:
+            except (TypeError, AttributeError, ValueError, SystemError) as e:
                 disable(f"the compiled kernel's launcher rejected the call: {e}")
                 thin = False
     compiled = kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
@@ -112,7 +150,8 @@ def thin_launch(kernel, plan, pointers):
         elif isinstance(seen, _Pending):
             # Confirmed only if Triton's dispatch picked the same kernel the second time; a
             # None entry means "never reuse for this key": keep dispatching.
-            plan.compiled[key] = ((compiled, (*plan.scalars, *plan.constexprs.values()))
+            plan.compiled[key] = ((compiled, (*plan.scalars, *plan.constexprs.values()),
+                                   _direct(compiled))
                                   if compiled is seen.compiled else None)
     return compiled
 

@@ -16,6 +16,13 @@ Every one is differentiable where its original is, traceable by ``torch.compile(
   only, and only with ``validate=True`` (the default) and outside CUDA-graph capture, because
   they copy to the host (about 30 us, and a synchronisation). Under ``torch.compile`` and during
   capture they are not checked: out-of-range values then read outside the angle table.
+
+Repeated eager calls take a shortcut (``_Shortcuts``): the first call of a signature runs the
+whole path above and its one kernel launch is remembered; later calls with the same signature
+(shapes, strides, dtypes, devices, flags, the input's address modulo 16 where it matters) skip
+the checks already passed and the launcher's planning, and go from their arguments to the
+launch. The shortcut is not taken where the full path does more than one launch: autograd,
+torch.compile, value checks (``validate=True`` with ``start_positions`` or ``cu_seqlens``).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import _ops
+from . import _launch, _ops
 from . import rope_qk as _qk
 from ._validate import validate_cos_sin_cache_args, validate_qkv_args, validate_rope_args
 from .reference import rope_reference
@@ -32,6 +39,57 @@ from .rope_1d import rope_1d
 from .rope_2d import rope_2d
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {"1d": rope_1d, "2d": rope_2d}
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+class _Shortcuts:
+    """Per eager call signature, the one launch the full path made: (kernel, plan, and for each
+    pointer argument the index of the call's tensor that it was), or False where the full path
+    did anything else (several launches, a tensor of its own making). Bounded like the plans."""
+
+    def __init__(self):
+        self.enabled = True  # False: every call takes the full path
+        self.entries: dict = {}
+
+    def replay(self, entry, tensors) -> None:
+        kernel, plan, slots = entry
+        _launch.thin_launch(kernel, plan, [tensors[i] for i in slots])
+
+    def record(self, key, run, tensors_of):
+        """``run()`` (the full path) while recording its launches; remember them for ``key``
+        if there was one whose pointers are all among ``tensors_of(result)``, by identity."""
+        recording = _launch.RECORDING = []
+        try:
+            result = run()
+        finally:
+            _launch.RECORDING = None
+        entry = False
+        if len(recording) == 1:
+            kernel, plan, pointers = recording[0]
+            tensors = tensors_of(result)
+            slots = [next((i for i, x in enumerate(tensors) if x is p), None) for p in pointers]
+            if None not in slots:
+                entry = (kernel, plan, tuple(slots))
+        if len(self.entries) >= 4096:
+            self.entries.clear()
+        self.entries[key] = entry
+        return result
+
+
+_SHORTCUTS = _Shortcuts()
+
+
+def _meta_or_none(x):
+    """Hashable metadata of an optional tensor argument, for a shortcut key (raises
+    AttributeError for anything else, which then takes the full path)."""
+    if x is None:
+        return None
+    if type(x) is not _Tensor:
+        raise AttributeError
+    return (x.shape, x.stride(), x.dtype, x.device)
 
 
 class RoPEFunction(torch.autograd.Function):
@@ -92,6 +150,33 @@ def apply_rotary_pos_emb(
     Returns:
         A new contiguous tensor of ``t``'s shape and dtype; ``t`` is never modified.
     """
+    key = None
+    if (fused is True and _SHORTCUTS.enabled and not _is_compiling() and type(t) is _Tensor
+            and type(freqs) is _Tensor
+            and not (_grad_enabled() and (t.requires_grad or freqs.requires_grad))
+            and (not validate or (start_positions is None and cu_seqlens is None))):
+        # An eager call that launches once: the shortcut's key is everything the checks and the
+        # launcher's plan depend on (the address modulo 16: interleaved pairs read as words).
+        try:
+            key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 if interleaved
+                   else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
+                   tensor_format, None if start_positions is None
+                   else _meta_or_none(start_positions),
+                   None if cu_seqlens is None else _meta_or_none(cu_seqlens),
+                   interleaved, type(interleaved), cp_size, type(cp_size), cp_rank,
+                   type(cp_rank), kernel, type(kernel), type(tensor_format))
+            entry = _SHORTCUTS.entries.get(key)
+        except (AttributeError, TypeError):  # an argument of another type: let the checks say
+            key = None
+        else:
+            if entry:
+                # (A contiguous t's own layout is the contiguous one, and cheaper to ask for.)
+                out = (torch.empty_like(t) if t.is_contiguous()
+                       else torch.empty_like(t, memory_format=torch.contiguous_format))
+                _SHORTCUTS.replay(entry, (t, freqs, out, start_positions, cu_seqlens))
+                return out
+            if entry is False:
+                key = None
     compiling = torch.compiler.is_compiling()
     validate_rope_args(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
                        cp_rank, kernel_dtypes_only=fused,
@@ -109,8 +194,14 @@ def apply_rotary_pos_emb(
     if t.requires_grad and torch.is_grad_enabled():
         return RoPEFunction.apply(t, freqs, tensor_format, start_positions, interleaved,
                                   cu_seqlens, cp_size, cp_rank, launcher)
-    return launcher(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
-                    cp_rank)
+
+    def run():
+        return launcher(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
+                        cp_size, cp_rank)
+
+    if key is None:
+        return run()
+    return _SHORTCUTS.record(key, run, lambda out: (t, freqs, out, start_positions, cu_seqlens))
 
 
 def _check_values(validate: bool, t: torch.Tensor, compiling: bool) -> bool:
@@ -210,6 +301,17 @@ def apply_rope_with_cos_sin_cache(
         New contiguous ``(query_out, key_out)`` of the inputs' shapes, from one kernel launch;
         the inputs are not modified. Differentiable with respect to query and key.
     """
+    sig = _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox,
+                              validate, False)
+    if sig is not None:
+        entry = _SHORTCUTS.entries.get(sig)
+        if entry:
+            query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
+            key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
+            _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache, query_out, key_out))
+            return query_out, key_out
+        if entry is False:
+            sig = None
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
                                 check_values=_check_values(validate, query, compiling))
@@ -217,7 +319,35 @@ def apply_rope_with_cos_sin_cache(
     if compiling or _needs_grad(query, key):
         return _ops.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
                                        False)
-    return _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+    def run():
+        return _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+    if sig is None:
+        return run()
+    return _SHORTCUTS.record(sig, run, lambda out: (positions, query, key, cos_sin_cache, *out))
+
+
+def _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox, validate,
+                        in_place):
+    """The shortcut key of an eager apply_rope_with_cos_sin_cache(_inplace) call, or None."""
+    if (not _SHORTCUTS.enabled or _is_compiling()
+            or (validate and positions.numel() if type(positions) is _Tensor else True)
+            or type(query) is not _Tensor or type(key) is not _Tensor
+            or type(cos_sin_cache) is not _Tensor
+            or (_grad_enabled() and (query.requires_grad or key.requires_grad
+                                     or cos_sin_cache.requires_grad))):
+        return None
+    try:
+        sig = (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
+               key.dtype, key.device, positions.shape,
+               positions.stride(), positions.dtype, positions.device, cos_sin_cache.shape,
+               cos_sin_cache.stride(), cos_sin_cache.dtype, cos_sin_cache.device, head_size,
+               type(head_size), is_neox, type(is_neox), in_place)
+        hash(sig)
+    except TypeError:  # an unhashable argument: let the checks say
+        return None
+    return sig
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -232,6 +362,15 @@ def apply_rope_with_cos_sin_cache_inplace(
 ) -> None:
     """``apply_rope_with_cos_sin_cache`` writing into ``query`` and ``key`` (FlashInfer's
     in-place variant, what vLLM calls): one launch, no allocation, not differentiable."""
+    sig = _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox,
+                              validate, True)
+    if sig is not None:
+        entry = _SHORTCUTS.entries.get(sig)
+        if entry:
+            _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache))
+            return
+        if entry is False:
+            sig = None
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
                                 check_values=_check_values(validate, query, compiling))
@@ -242,5 +381,12 @@ def apply_rope_with_cos_sin_cache_inplace(
     if compiling:
         _ops.rope_cos_sin_cache_(positions, query, key, head_size, cos_sin_cache, is_neox)
         return
-    _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
-                           query_out=query, key_out=key)
+
+    def run():
+        _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
+                               query_out=query, key_out=key)
+
+    if sig is None:
+        run()
+    else:
+        _SHORTCUTS.record(sig, run, lambda _: (positions, query, key, cos_sin_cache))

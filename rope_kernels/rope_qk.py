@@ -60,56 +60,21 @@ def _fast_sincos(x):
 
 
 @triton.jit
-def _rotate_tile(
-    x_ptr, out_ptr, table_ptr, sin_ptr,
-    s_idx, s_mask, t_row, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
-    x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d, t_stride_d,
-    ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    FAST_TRIG: tl.constexpr, INT64: tl.constexpr,
-    BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
-):
-    """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part. ``t_row`` [BLOCK_S] is the
-    offset of each token's row in the angle table (or in cos and sin)."""
-    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
-    h_mask = h < heads
-    g = h // n_sub
-    u = h % n_sub
+def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
+            ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+            FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
+    """cos/sin of both channels of each pair, [BLOCK_S, HALF] each, for the tokens whose rows
+    start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head."""
     j = tl.arange(0, HALF)  # [HALF] pair index
     j_mask = j < rotary_dim // 2
     if INT64:
-        g = g.to(tl.int64)
-        u = u.to(tl.int64)
         j = j.to(tl.int64)
-    # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
     if INTERLEAVED:
         c1 = 2 * j
         c2 = 2 * j + 1
     else:
         c1 = j
         c2 = j + rotary_dim // 2
-    # [BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row; channels go on the last axis.
-    x_row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
-    o_row = (s_idx[:, None] * o_s + (pid_b * o_b + g * o_g + u * o_u)[None, :])[:, :, None]
-    row_mask = (s_mask[:, None] & h_mask[None, :])[:, :, None]
-    mask = row_mask & j_mask[None, None, :]
-
-    # x first, the angles after: their loads and the trig overlap the latency of x's loads.
-    if INTERLEAVED:
-        # Each row as [..., HALF, 2] (one wide load), split into the pairs' two channels.
-        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
-        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
-        x12 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
-    else:
-        x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
-        x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
-    if PASS > 0:
-        p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
-        if INT64:
-            p = p.to(tl.int64)
-        p_mask = row_mask & (p < head_dim)[None, None, :]
-        xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
-
-    # cos/sin of both channels of each pair, [BLOCK_S, HALF], shared by every head of the tile.
     sj_mask = s_mask[:, None] & j_mask[None, :]
     row = t_row[:, None]
     if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
@@ -143,6 +108,56 @@ def _rotate_tile(
     if BACKWARD:
         # The transpose of [[cos1, -sin1], [sin2, cos2]]: sin negated, the channels' sines swapped.
         sin1, sin2 = -sin2, -sin1
+    return cos1, sin1, cos2, sin2
+
+
+@triton.jit
+def _rotate_tile(
+    x_ptr, out_ptr, cos1, sin1, cos2, sin2,
+    s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
+    x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d,
+    INTERLEAVED: tl.constexpr, INT64: tl.constexpr,
+    BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
+):
+    """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin
+    (``_angles``)."""
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
+    h_mask = h < heads
+    g = h // n_sub
+    u = h % n_sub
+    j = tl.arange(0, HALF)  # [HALF] pair index
+    j_mask = j < rotary_dim // 2
+    if INT64:
+        g = g.to(tl.int64)
+        u = u.to(tl.int64)
+        j = j.to(tl.int64)
+    # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
+    if INTERLEAVED:
+        c1 = 2 * j
+        c2 = 2 * j + 1
+    else:
+        c1 = j
+        c2 = j + rotary_dim // 2
+    # [BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row; channels go on the last axis.
+    x_row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
+    o_row = (s_idx[:, None] * o_s + (pid_b * o_b + g * o_g + u * o_u)[None, :])[:, :, None]
+    row_mask = (s_mask[:, None] & h_mask[None, :])[:, :, None]
+    mask = row_mask & j_mask[None, None, :]
+
+    if INTERLEAVED:
+        # Each row as [..., HALF, 2] (one wide load), split into the pairs' two channels.
+        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
+        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+        x12 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
+    else:
+        x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
+        x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
+    if PASS > 0:
+        p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
+        if INT64:
+            p = p.to(tl.int64)
+        p_mask = row_mask & (p < head_dim)[None, None, :]
+        xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
 
     if INTERLEAVED:
         x1, x2 = tl.split(x12.to(tl.float32))
@@ -197,6 +212,8 @@ def rope_qk_kernel(
     q_blocks, k_blocks, part_blocks,  # head blocks of q, of k, and of all parts together
     s_blocks,  # cdiv(seq_len, BLOCK_S)
     ANGLES: tl.constexpr,
+    ALL_HEADS: tl.constexpr,  # a program takes every head of its tokens (else one head block)
+    SAME_TABLE: tl.constexpr,  # q and k read the same angle table (their cos/sin computed once)
     B_OUTER: tl.constexpr,  # batch elements are the outer axis in memory (bshd, HF's views)
     HAS_POSITIONS: tl.constexpr,  # positions[s, b] give the table row (else s, + start)
     HAS_START: tl.constexpr,
@@ -215,9 +232,14 @@ def rope_qk_kernel(
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
     # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
+    # With ALL_HEADS a program loops over the head blocks of every part itself.
     pid = tl.program_id(0)
-    pid_h = pid % part_blocks
-    rest = pid // part_blocks
+    if ALL_HEADS:
+        pid_h = 0
+        rest = pid
+    else:
+        pid_h = pid % part_blocks
+        rest = pid // part_blocks
     if B_OUTER:
         pid_s = rest % s_blocks
         pid_b = rest // s_blocks
@@ -252,16 +274,45 @@ def rope_qk_kernel(
             pos = pos.to(tl.int64)
         t_row = pos * t_stride_s
 
-    if pid_h < q_blocks:
-        _rotate_tile(q_ptr, q_out_ptr, q_table_ptr, sin_ptr, s_idx, s_mask, t_row, pid_b, pid_h,
+    if ALL_HEADS:
+        # The cos/sin of these tokens once, for every head block of q, k (and v's copy).
+        cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
+                                         INT64, HALF)
+        for hb in range(0, q_blocks):
+            _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, hb,
+                         q_heads, q_sub, rotary_dim, head_dim,
+                         q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
+                         INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+        if not SAME_TABLE:
+            cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                             t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
+                                             FAST_TRIG, INT64, HALF)
+        for hb in range(0, k_blocks):
+            _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, hb,
+                         k_heads, k_sub, rotary_dim, head_dim,
+                         k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
+                         INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+        if HAS_V:
+            for hb in range(0, part_blocks - q_blocks - k_blocks):
+                _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
+                           v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d, INT64, BLOCK_H, V_WIDTH)
+    elif pid_h < q_blocks:
+        cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
+                                         INT64, HALF)
+        _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h,
                      q_heads, q_sub, rotary_dim, head_dim,
-                     q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
-                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, BLOCK_H, HALF, PASS)
+                     q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
+                     INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
     elif pid_h < q_blocks + k_blocks:
-        _rotate_tile(k_ptr, k_out_ptr, k_table_ptr, sin_ptr, s_idx, s_mask, t_row, pid_b,
+        cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
+                                         INT64, HALF)
+        _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b,
                      pid_h - q_blocks, k_heads, k_sub, rotary_dim, head_dim,
-                     k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
-                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, BLOCK_H, HALF, PASS)
+                     k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
+                     INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
     else:
         if HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
@@ -284,14 +335,22 @@ TILE_BYTES = 8192  # input bytes per program on a GPU
 
 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
-                   on_gpu: bool, interleaved: bool = False) -> dict:
-    """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two) and ``num_warps``.
+                   on_gpu: bool, interleaved: bool = False,
+                   per_channel_cos_sin: bool = False) -> dict:
+    """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
+    ``all_heads``: whether a program loops over every head block of its tokens.
 
     About TILE_BYTES of input per program, spent first on heads (a run of heads is contiguous in
     every layout the entry points produce), at most the smaller of the q and k head counts so
     that k's tiles are not mostly masked (grouped-query attention: 8 k heads for 32 q heads),
     then on up to 8 tokens. Interleaved pairs split a [..., HALF, 2] tile, which costs
-    registers: 2 KB tiles. The interpreter pays per program: tiles of up to 16K elements."""
+    registers: 2 KB tiles. The interpreter pays per program: tiles of up to 16K elements.
+
+    Hugging Face's cos and sin (``per_channel_cos_sin``) are four loads per pair, in the model's
+    dtype: there one program per token takes all of its heads, loading them once. (Chosen from
+    scripts/qk_tile_sweep.py on an H200, figures/qk_tile_sweep.json: for bf16 q+k, 32 q / 8 k
+    heads, 0.93 of copy bandwidth against 0.91 with one head block per program; the cos/sin
+    cache and TE's tables measured no better that way, so they keep one head block.)"""
     width = _next_pow2(head_dim)
     if not on_gpu:
         rows, max_tokens = max(1, 16384 // width), 1 << 20
@@ -299,8 +358,10 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         rows = max(1, (2048 if interleaved else TILE_BYTES) // (width * element_size))
         max_tokens = 8
     block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
+    if on_gpu and per_channel_cos_sin:
+        return dict(block_s=1, block_h=block_h, num_warps=2, all_heads=True)
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
-    return dict(block_s=block_s, block_h=block_h, num_warps=4)
+    return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False)
 
 
 class Plan:
@@ -330,22 +391,25 @@ def _max_offset(sizes, strides) -> int:
 
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
-          backward, cp_size, cp_rank, t_strides, p_strides):
+          backward, cp_size, cp_rank, t_strides, p_strides, same_table):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
-    u = 1, or None. Sizes of q and k agree in s, b and d."""
+    u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
+    angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both)."""
     (seq_len, batch, qg, qu, head_dim), q_in, q_out = q
     (_, _, kg, ku, _), k_in, k_out = k
     q_heads, k_heads = qg * qu, kg * ku
     on_gpu = device.type == "cuda"
     element_size = torch.empty((), dtype=dtype).element_size()
-    cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved)
+    cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
+                         per_channel_cos_sin=angles == ANGLES["cos_sin"])
     block_h = cfg["block_h"]
     q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_h)
     v_heads = v[0][2] if v is not None else 0
     v_dim = v[0][4] if v is not None else 0
     part_blocks = q_blocks + k_blocks + triton.cdiv(v_heads, block_h)
     s_blocks = triton.cdiv(seq_len, cfg["block_s"])
-    grid = (s_blocks * batch * part_blocks, 1, 1)
+    all_heads = bool(cfg.get("all_heads", False))
+    grid = (s_blocks * batch * (1 if all_heads else part_blocks), 1, 1)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
@@ -354,6 +418,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
                cp_rank, q_blocks, k_blocks, part_blocks, s_blocks)
     constexprs = dict(
         ANGLES=angles,
+        ALL_HEADS=all_heads,
+        SAME_TABLE=bool(same_table),
         B_OUTER=abs(q_in[1]) > abs(q_in[0]),
         HAS_POSITIONS=has_positions,
         HAS_START=has_start,
@@ -421,11 +487,12 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
     reads ``qkv_like`` and writes q, k, v; backward reads q, k, v and writes ``qkv_like``."""
     if k_freqs.stride() != q_freqs.stride():
         q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
+    same_table = k_freqs.data_ptr() == q_freqs.data_ptr()  # (same shape and strides: checked)
     h = k.shape[2]
     sig = ("qkv", qkv_like.shape, qkv_like.stride(), q.stride(), k.stride(), v.stride(),
            qkv_like.dtype, qkv_like.device, tuple(splits), tensor_format, q_freqs.shape[-1],
            q_freqs.stride(), None if start_positions is None else start_positions.dtype,
-           bool(interleaved), cp_size, cp_rank, bool(backward))
+           bool(interleaved), cp_size, cp_rank, bool(backward), same_table)
 
     def make_plan():
         packed = _qkv_parts(qkv_like, tensor_format, splits, h)
@@ -437,7 +504,8 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
                      angles=ANGLES["freqs"], rotary_dim=q_freqs.shape[-1], has_positions=False,
                      has_start=start_positions is not None, interleaved=interleaved,
                      backward=backward, cp_size=cp_size, cp_rank=cp_rank,
-                     t_strides=(0, q_freqs.stride(0), q_freqs.stride(-1)), p_strides=(0, 0))
+                     t_strides=(0, q_freqs.stride(0), q_freqs.stride(-1)), p_strides=(0, 0),
+                     same_table=same_table)
 
     # The k and v parts of the packed tensor start q_split and q_split + k_split channels in.
     k_packed = qkv_like[..., splits[0]:]
@@ -540,7 +608,7 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
                      rotary_dim=cos_sin_cache.shape[-1], has_positions=True, has_start=False,
                      interleaved=not is_neox, backward=backward, cp_size=1, cp_rank=0,
                      t_strides=(0, cos_sin_cache.stride(0), cos_sin_cache.stride(1)),
-                     p_strides=(positions.stride(0), 0))
+                     p_strides=(positions.stride(0), 0), same_table=True)
 
     _run(sig, make_plan, (query, query_out, key, key_out, query, query, cos_sin_cache,
                           cos_sin_cache, cos_sin_cache, positions, query))
@@ -584,7 +652,8 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      (k_sizes, k_in, _sbhd_of_hf(k_out, heads_axis)[1]), None, device=q.device,
                      dtype=q.dtype, angles=ANGLES["cos_sin"], rotary_dim=cos.shape[-1],
                      has_positions=False, has_start=False, interleaved=False, backward=backward,
-                     cp_size=1, cp_rank=0, t_strides=t_strides, p_strides=(0, 0))
+                     cp_size=1, cp_rank=0, t_strides=t_strides, p_strides=(0, 0),
+                     same_table=True)
 
     _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
     return q_out, k_out

@@ -58,6 +58,9 @@ def main(argv=None):
                                                      validate=False)
         row(f"te {label}: default call (values checked: host copy)", call)
         row(f"te {label}: validate=False", fast)
+        rk.api._SHORTCUTS.enabled = False
+        row(f"te {label}: validate=False, full path (no shortcut)", fast)
+        rk.api._SHORTCUTS.enabled = True
         row(f"te {label}: rope_2d directly (no checks)", lambda sp=sp: rk.rope_2d(t, freqs, "bshd", sp))
         row(f"te {label}: torch.ops.rope_kernels.rope (the dispatcher)",
             lambda sp=sp: _ops.rope(t, freqs, "bshd", sp, False, None, 1, 0, "2d", False))
@@ -75,7 +78,7 @@ def main(argv=None):
     plan = r2._PLANS[next(reversed(r2._PLANS))]
     pointers = (t, freqs, torch.empty_like(t), t, t)
     entry = next(v for v in plan.compiled.values() if isinstance(v, tuple))
-    compiled, tail = entry
+    compiled, tail, direct = entry
     driver = triton.runtime.driver.active
     dev = driver.get_current_device()
     stream = driver.get_current_stream(dev)
@@ -84,6 +87,14 @@ def main(argv=None):
     row("launch pieces: CompiledKernel.run alone, arguments ready (Triton's launcher)",
         lambda: compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
                              None, None, None, *ptrs, *tail))
+    if direct is not None:
+        c_launch, cooperative, pdl = direct
+        row("launch pieces: Triton's C launch function alone, arguments ready (what the thin "
+            "launch calls)", lambda: c_launch(g0, g1, g2, stream, compiled.function, cooperative,
+                                              pdl, None, None, compiled.packed_metadata, None,
+                                              None, None, *ptrs, *tail))
+    else:
+        print("(the compiled kernel's launcher is not the one the direct call was written for)")
     row("launch pieces: _launch.thin_launch (pointers, device, stream, checks + the above)",
         lambda: _launch.thin_launch(r2.rope_2d_kernel, plan, pointers))
     row("host only: driver.get_current_device() + get_current_stream()",
@@ -107,6 +118,9 @@ def main(argv=None):
     inplace = lambda: rk.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, cache,  # noqa: E731
                                                                validate=False)
     row("cache: in place, validate=False", inplace)
+    rk.api._SHORTCUTS.enabled = False
+    row("cache: in place, validate=False, full path (no shortcut)", inplace)
+    rk.api._SHORTCUTS.enabled = True
     row("cache: rope_qk.rope_cos_sin_cache directly", lambda: rope_qk.rope_cos_sin_cache(
         positions, q, k, d, cache))
     row("cache: CUDA graph replay of the in-place default call", graph_of(

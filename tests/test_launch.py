@@ -157,7 +157,7 @@ def test_thin_launch_falls_back_when_the_launcher_rejects_the_call(seed, monkeyp
         def run(self, *args):
             raise TypeError(f"function takes exactly {len(args) + 1} arguments")
 
-    plan.compiled[key] = (Changed(), plan.compiled[key][1])
+    plan.compiled[key] = (Changed(), plan.compiled[key][1], None)
     t2 = randn(t.shape, torch.bfloat16, seed + 1)
     with pytest.warns(RuntimeWarning, match="thin launch path off"):
         out = rope_2d(t2, emb)
@@ -165,6 +165,40 @@ def test_thin_launch_falls_back_when_the_launcher_rejects_the_call(seed, monkeyp
     assert _launch.ENABLED is False
     out = rope_2d(t2, emb)  # and from now on, Triton's dispatch
     assert_rope_close(out, rope_reference(t2.double(), emb), torch.bfloat16)
+
+
+@gpu
+def test_direct_launch_on_the_triton_it_was_checked_on(seed, monkeypatch):
+    """On triton 3.6 the thin path calls the C launch function under CudaLauncher (the GPU
+    machine's version: this says whether that path is really taken); elsewhere it must not."""
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    t = randn((8, 2, 4, 32), torch.bfloat16, seed)
+    plan, key, compiled = _confirmed_plan(t, emb)
+    direct = plan.compiled[key][2]
+    assert (direct is not None) == triton.__version__.startswith("3.6.")
+    t2 = randn(t.shape, torch.bfloat16, seed + 1)
+    assert_rope_close(rope_2d(t2, emb), rope_reference(t2.double(), emb), torch.bfloat16)
+
+
+@gpu
+def test_direct_launch_falls_back_when_its_c_function_rejects_the_call(seed, monkeypatch):
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
+    t = randn((8, 2, 4, 32), torch.bfloat16, seed)
+    plan, key, compiled = _confirmed_plan(t, emb)
+
+    def changed(*args):  # a C launch function that takes other arguments
+        raise TypeError(f"function takes exactly {len(args) + 1} arguments")
+
+    compiled_entry, tail, _ = plan.compiled[key]
+    plan.compiled[key] = (compiled_entry, tail, (changed, False, False))
+    t2 = randn(t.shape, torch.bfloat16, seed + 1)
+    with pytest.warns(RuntimeWarning, match="thin launch path off"):
+        out = rope_2d(t2, emb)
+    assert_rope_close(out, rope_reference(t2.double(), emb), torch.bfloat16)
+    assert _launch.ENABLED is False
 
 
 @gpu

@@ -1,0 +1,84 @@
+"""rope_qk's two shapes of program, forced for every entry point that uses the kernel: one head
+block of one part per program, and ``all_heads`` (a program loops over every head block of q, k
+and v for its tokens, with their cos/sin computed once, or once per table when q and k have
+their own). Head counts that block sizes do not divide leave a partly masked last block in
+each loop; float64 references, NaN-poisoned outputs where the API takes them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICE, assert_rope_close, randn
+from rope_kernels import RotaryPositionEmbedding, rope_qk, rope_reference
+from test_serving import make_cache, reference as cache_reference
+
+MODES = [dict(block_s=2, block_h=2, num_warps=4, all_heads=True),
+         dict(block_s=1, block_h=1, num_warps=2, all_heads=True),
+         dict(block_s=2, block_h=2, num_warps=4, all_heads=False)]
+
+
+@pytest.fixture(params=MODES, ids=lambda m: f"s{m['block_s']}h{m['block_h']}"
+                + ("-all_heads" if m["all_heads"] else "-one_block"))
+def mode(request, monkeypatch):
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(request.param))
+    return request.param
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("backward", [False, True])
+def test_cache(mode, is_neox, backward, seed):
+    tokens, q_heads, k_heads, head_size = 5, 5, 3, 20
+    cache = make_cache(32, 12)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
+    query = randn((tokens, q_heads * head_size), torch.float32, seed)
+    key = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
+    q_out = torch.full_like(query, float("nan"))
+    k_out = torch.full_like(key, float("nan"))
+    rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, is_neox,
+                               query_out=q_out, key_out=k_out, backward=backward)
+    # The backward rotates by -theta: the forward with the cache's sin half negated.
+    ref_cache = torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache
+    assert_rope_close(q_out, cache_reference(positions, query, head_size, ref_cache, is_neox),
+                      torch.float32, "query")
+    assert_rope_close(k_out, cache_reference(positions, key, head_size, ref_cache, is_neox),
+                      torch.float32, "key")
+
+
+def _hf_reference(x, cos, sin):
+    """float64: transformers' Llama formula, x [b, h, s, d], cos/sin [b, s, r]."""
+    cos, sin = cos.double()[:, None], sin.double()[:, None]
+    r = cos.shape[-1]
+    rot, rest = x.double()[..., :r], x.double()[..., r:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
+def test_hf(mode, seed):
+    b, s, q_heads, k_heads, d, r = 2, 3, 5, 3, 16, 12
+    q = randn((b, s, q_heads, d), torch.bfloat16, seed).transpose(1, 2)  # HF's [b, h, s, d] view
+    k = randn((b, s, k_heads, d), torch.bfloat16, seed + 1).transpose(1, 2)
+    angles = randn((b, s, r // 2), torch.float32, seed + 2)
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    q_out, k_out = rope_qk.rope_cos_sin(q, k, cos, sin, heads_axis=1)
+    assert_rope_close(q_out, _hf_reference(q, cos, sin), torch.bfloat16, "q")
+    assert_rope_close(k_out, _hf_reference(k, cos, sin), torch.bfloat16, "k")
+
+
+@pytest.mark.parametrize("same_table", [True, False])
+def test_qkv(mode, same_table, seed):
+    """q and k from their own tables (or one shared one), v copied: 3 groups of 2 query heads."""
+    s, b, groups, d = 4, 2, 3, 16
+    splits = [2 * d, d, d]
+    qkv = randn((s, b, groups, sum(splits)), torch.float32, seed)
+    q_freqs = RotaryPositionEmbedding(12, device=DEVICE)(s)
+    k_freqs = q_freqs if same_table else RotaryPositionEmbedding(12, rotary_base=500.0, device=DEVICE)(s)
+    q, k, v = rope_qk.rope_qkv(qkv, q_freqs, k_freqs, splits)
+    q_in, k_in, v_in = torch.split(qkv, splits, dim=3)
+    assert_rope_close(q, rope_reference(q_in.reshape(s, b, -1, d).double(), q_freqs),
+                      torch.float32, "q")
+    assert_rope_close(k, rope_reference(k_in.double(), k_freqs), torch.float32, "k")
+    assert torch.equal(v, v_in)

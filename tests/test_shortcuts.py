@@ -1,0 +1,209 @@
+"""The eager shortcut of the public entry points (rope_kernels/api.py, ``_Shortcuts``): a repeated
+call signature goes from its arguments to the one launch the first call made.
+
+A shortcut is only right if it launches what the full path would have launched, for every
+call it is taken on. These tests run each entry point several times per signature on fresh
+values (the later calls take the shortcut) and compare with a float64 reference, check that the
+shortcut is really taken (and where it must not be, that it is not), that calls it must not
+answer (bad arguments, autograd, value checks) still get the full path, and that the interleaved
+kernel's address-dependent plan gets a shortcut per address class.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICE, assert_rope_close, randn
+from rope_kernels import (RotaryPositionEmbedding, api, apply_rope_with_cos_sin_cache,
+                          apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb,
+                          rope_reference)
+from test_serving import make_cache, reference as cache_reference
+
+
+@pytest.fixture
+def shortcuts(monkeypatch):
+    """This test's shortcuts only, starting empty."""
+    fresh = api._Shortcuts()
+    monkeypatch.setattr(api, "_SHORTCUTS", fresh)
+    return fresh
+
+
+def _entries(shortcuts):
+    return [e for e in shortcuts.entries.values() if e]
+
+
+def _starts(n, high, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, high, (n,), generator=g, dtype=torch.int32).to(DEVICE)
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_start", [False, True])
+def test_te_calls_through_the_shortcut_match_reference(fmt, dtype, with_start, shortcuts, seed):
+    shape = {"sbhd": (6, 3, 4, 32), "bshd": (3, 6, 4, 32), "thd": (18, 4, 32)}[fmt]
+    freqs = RotaryPositionEmbedding(24, device=DEVICE)(40)
+    kw = {}
+    if fmt == "thd":
+        kw["cu_seqlens"] = torch.tensor([0, 5, 5, 18], dtype=torch.int32, device=DEVICE)
+    n_seqs = 3 if fmt == "thd" else shape[1 if fmt == "sbhd" else 0]
+    if with_start:
+        kw["start_positions"] = _starts(n_seqs, 16, seed)
+    # Values on the device are checked only by the full path: the shortcut needs validate=False.
+    validate = not kw
+    for call in range(3):
+        t = randn(shape, dtype, seed + call)
+        before = t.clone()
+        out = apply_rotary_pos_emb(t, freqs, fmt, fused=True, validate=validate, **kw)
+        assert torch.equal(t, before), "the input was modified"
+        assert out.is_contiguous() and out.shape == t.shape
+        assert_rope_close(out, rope_reference(t.double(), freqs, fmt, **kw), dtype,
+                          f"call {call}")
+    assert len(_entries(shortcuts)) == 1
+
+
+def test_te_shortcut_is_taken(shortcuts, seed, monkeypatch):
+    """The second call launches through the remembered plan without the checks or the launcher's
+    planning: with both made to fail, it still gives the right result."""
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.bfloat16, seed)
+    apply_rotary_pos_emb(t, freqs, fused=True)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the full path ran")
+
+    monkeypatch.setattr(api, "validate_rope_args", fail)
+    monkeypatch.setattr(api, "KERNELS", {"2d": fail})
+    t2 = randn(t.shape, torch.bfloat16, seed + 1)
+    assert_rope_close(apply_rotary_pos_emb(t2, freqs, fused=True),
+                      rope_reference(t2.double(), freqs), torch.bfloat16)
+
+
+def test_value_checks_are_never_skipped(shortcuts, seed):
+    """validate=True with start_positions checks their values on every call: no shortcut."""
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    good = torch.tensor([0, 8], dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=good)
+    assert not shortcuts.entries
+    with pytest.raises(ValueError, match="freqs has 16 rows"):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=good + 1)
+
+
+def test_other_signatures_still_get_checked(shortcuts, seed):
+    """A shortcut belongs to one signature: a call differing in any checked property (here the
+    dtype of start_positions, the device of freqs, the type of cp_size) takes the full path."""
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    starts = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts, validate=False)
+    with pytest.raises(TypeError, match="start_positions"):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts.float(),
+                             validate=False)
+    with pytest.raises(ValueError, match="cp_size"):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts, validate=False,
+                             cp_size=1.0)
+    if DEVICE.type == "cuda":
+        with pytest.raises(ValueError, match="device"):
+            apply_rotary_pos_emb(t, freqs.cpu(), fused=True, start_positions=starts,
+                                 validate=False)
+
+
+def test_autograd_takes_the_full_path(shortcuts, seed):
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    apply_rotary_pos_emb(t, freqs, fused=True)
+    apply_rotary_pos_emb(t, freqs, fused=True)  # the shortcut exists now
+    x = t.clone().requires_grad_()
+    out = apply_rotary_pos_emb(x, freqs, fused=True)
+    assert out.grad_fn is not None
+    grad = randn(out.shape, torch.float32, seed + 1)
+    (dx,) = torch.autograd.grad(out, x, grad)
+    # The gradient of a rotation is the inverse rotation: R^T g.
+    x64 = x.detach().double().requires_grad_()
+    (ref,) = torch.autograd.grad(rope_reference(x64, freqs), x64, grad.double())
+    assert_rope_close(dx, ref, torch.float32, "grad")
+
+
+def test_several_launches_are_not_remembered(shortcuts, monkeypatch, seed):
+    """thd with many sequences runs a pre-pass and then the main kernel: two launches, and a
+    tensor the launcher made itself. The full path stays in charge of every such call."""
+    import importlib
+
+    r2 = importlib.import_module("rope_kernels.rope_2d")
+    monkeypatch.setattr(r2, "TOKEN_ROWS_ABOVE", 1)
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    cu = torch.tensor([0, 3, 9, 12], dtype=torch.int32, device=DEVICE)
+    for call in range(2):
+        t = randn((12, 2, 32), torch.float32, seed + call)
+        out = apply_rotary_pos_emb(t, freqs, "thd", fused=True, cu_seqlens=cu, validate=False)
+        assert_rope_close(out, rope_reference(t.double(), freqs, "thd", cu_seqlens=cu),
+                          torch.float32)
+    assert list(shortcuts.entries.values()) == [False]
+
+
+def test_interleaved_pairs_get_a_shortcut_per_address_class(shortcuts, seed):
+    """Interleaved pairs are read as words only at even element addresses: same shape and
+    strides at an odd address is another plan, and so another shortcut."""
+    freqs = RotaryPositionEmbedding(32, interleaved=True, device=DEVICE)(16)
+    shape = (8, 2, 4, 32)
+    n = 8 * 2 * 4 * 32
+    for call in range(4):
+        flat = randn((n + 1,), torch.bfloat16, seed + call)
+        t = (flat[:-1] if call % 2 == 0 else flat[1:]).view(shape)
+        out = apply_rotary_pos_emb(t, freqs, fused=True, interleaved=True)
+        assert_rope_close(out, rope_reference(t.double(), freqs, interleaved=True),
+                          torch.bfloat16, f"call {call}")
+    assert len(_entries(shortcuts)) == 2
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_cache_calls_through_the_shortcut_match_reference(in_place, is_neox, shortcuts, seed):
+    tokens, q_heads, k_heads, head_size = 9, 4, 2, 24
+    cache = make_cache(64, 16)
+    for call in range(3):
+        g = torch.Generator().manual_seed(seed + call)
+        positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
+        qkv = randn((tokens, (q_heads + 2 * k_heads) * head_size), torch.bfloat16, seed + call)
+        query = qkv[:, : q_heads * head_size]
+        key = qkv[:, q_heads * head_size: (q_heads + k_heads) * head_size]
+        q_ref = cache_reference(positions, query, head_size, cache, is_neox)
+        k_ref = cache_reference(positions, key, head_size, cache, is_neox)
+        if in_place:
+            apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cache,
+                                                  is_neox, validate=False)
+            q_out, k_out = query, key
+        else:
+            before = qkv.clone()
+            q_out, k_out = apply_rope_with_cos_sin_cache(positions, query, key, head_size,
+                                                         cache, is_neox, validate=False)
+            assert torch.equal(qkv, before), "the out-of-place call modified its inputs"
+        assert_rope_close(q_out, q_ref, torch.bfloat16, f"query, call {call}")
+        assert_rope_close(k_out, k_ref, torch.bfloat16, f"key, call {call}")
+    assert len(_entries(shortcuts)) == 1
+
+
+def test_cache_positions_are_checked_unless_validate_is_false(shortcuts):
+    cache = make_cache(64, 16)
+    q = randn((4, 2 * 24), torch.float32, 1)
+    k = randn((4, 24), torch.float32, 2)
+    good = torch.tensor([0, 1, 2, 63], device=DEVICE)
+    for _ in range(2):
+        apply_rope_with_cos_sin_cache(good, q, k, 24, cache)
+    assert not shortcuts.entries
+    with pytest.raises(ValueError, match="positions must lie in"):
+        apply_rope_with_cos_sin_cache(good + 1, q, k, 24, cache)
+
+
+def test_shortcuts_off(shortcuts, seed):
+    shortcuts.enabled = False
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    for _ in range(2):
+        assert_rope_close(apply_rotary_pos_emb(t, freqs, fused=True),
+                          rope_reference(t.double(), freqs), torch.float32)
+    assert not shortcuts.entries
