@@ -225,6 +225,10 @@ def rope_qk_kernel(
     INT64: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_HK: tl.constexpr,  # head block of k and v (with ALL_HEADS; else BLOCK_H)
+    Q_LOOP: tl.constexpr,  # with ALL_HEADS: head blocks of q, k and v (unrolled loops)
+    K_LOOP: tl.constexpr,
+    V_LOOP: tl.constexpr,
     HALF: tl.constexpr,  # power of two >= rotary_dim // 2
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0
     V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
@@ -279,7 +283,7 @@ def rope_qk_kernel(
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF)
-        for hb in range(0, q_blocks):
+        for hb in tl.static_range(Q_LOOP):
             _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, hb,
                          q_heads, q_sub, rotary_dim, head_dim,
                          q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
@@ -288,15 +292,15 @@ def rope_qk_kernel(
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
                                              FAST_TRIG, INT64, HALF)
-        for hb in range(0, k_blocks):
+        for hb in tl.static_range(K_LOOP):
             _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, hb,
                          k_heads, k_sub, rotary_dim, head_dim,
                          k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
-                         INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+                         INTERLEAVED, INT64, BLOCK_HK, HALF, PASS)
         if HAS_V:
-            for hb in range(0, part_blocks - q_blocks - k_blocks):
+            for hb in tl.static_range(V_LOOP):
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
-                           v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d, INT64, BLOCK_H, V_WIDTH)
+                           v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d, INT64, BLOCK_HK, V_WIDTH)
     elif pid_h < q_blocks:
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
@@ -335,31 +339,37 @@ TILE_BYTES = 8192  # input bytes per program on a GPU
 
 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
-                   on_gpu: bool, interleaved: bool = False,
-                   per_channel_cos_sin: bool = False) -> dict:
+                   on_gpu: bool, interleaved: bool = False, angles: int = 0) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
-    About TILE_BYTES of input per program, spent first on heads (a run of heads is contiguous in
-    every layout the entry points produce), at most the smaller of the q and k head counts so
-    that k's tiles are not mostly masked (grouped-query attention: 8 k heads for 32 q heads),
-    then on up to 8 tokens. Interleaved pairs split a [..., HALF, 2] tile, which costs
-    registers: 2 KB tiles. The interpreter pays per program: tiles of up to 16K elements.
+    One head block per program: about TILE_BYTES of input, spent first on heads (a run of heads
+    is contiguous in every layout the entry points produce), at most the smaller of the q and k
+    head counts so that k's tiles are not mostly masked (grouped-query attention: 8 k heads for
+    32 q heads), then on up to 8 tokens. Interleaved pairs split a [..., HALF, 2] tile, which
+    costs registers: 2 KB tiles. The interpreter pays per program: tiles of up to 16K elements.
 
-    Hugging Face's cos and sin (``per_channel_cos_sin``) are four loads per pair, in the model's
-    dtype: there one program per token takes all of its heads, loading them once. (Chosen from
-    scripts/qk_tile_sweep.py on an H200, figures/qk_tile_sweep.json: for bf16 q+k, 32 q / 8 k
-    heads, 0.93 of copy bandwidth against 0.91 with one head block per program; the cos/sin
-    cache and TE's tables measured no better that way, so they keep one head block.)"""
+    The cos/sin cache with up to 16 KB of q and k per token: one program per token, all of its
+    heads (its cache row read once, not once per head block), k's blocks sized to k. From
+    scripts/qk_tile_sweep.py on an H200 (bf16, 16q/4k and 32q/8k heads at head_dim 64 and 128,
+    32q/32k: as fast or up to 4% faster than one head block per program; at 64q/8k and in
+    float32 one head block per program stays ahead)."""
     width = _next_pow2(head_dim)
+    row = width * element_size
+    if (on_gpu and angles == ANGLES["cache"] and not interleaved
+            and (q_heads + k_heads) * row <= 16384):
+        if q_heads * row <= 4096:  # all of q in one block, all of k in another
+            return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
+                        num_warps=2, all_heads=True)
+        block = max(1, 2048 // row)
+        return dict(block_s=1, block_h=block, block_hk=min(block, _next_pow2(k_heads)),
+                    num_warps=4, all_heads=True)
     if not on_gpu:
         rows, max_tokens = max(1, 16384 // width), 1 << 20
     else:
-        rows = max(1, (2048 if interleaved else TILE_BYTES) // (width * element_size))
+        rows = max(1, (2048 if interleaved else TILE_BYTES) // row)
         max_tokens = 8
     block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
-    if on_gpu and per_channel_cos_sin:
-        return dict(block_s=1, block_h=block_h, num_warps=2, all_heads=True)
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
     return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False)
 
@@ -401,14 +411,17 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     on_gpu = device.type == "cuda"
     element_size = torch.empty((), dtype=dtype).element_size()
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         per_channel_cos_sin=angles == ANGLES["cos_sin"])
+                         angles)
     block_h = cfg["block_h"]
-    q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_h)
+    all_heads = bool(cfg.get("all_heads", False))
+    # Programs of one head block index every part by the same block size; programs of all
+    # heads may size k's (and v's) blocks to k.
+    block_hk = cfg.get("block_hk", block_h) if all_heads else block_h
+    q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_hk)
     v_heads = v[0][2] if v is not None else 0
     v_dim = v[0][4] if v is not None else 0
-    part_blocks = q_blocks + k_blocks + triton.cdiv(v_heads, block_h)
+    part_blocks = q_blocks + k_blocks + triton.cdiv(v_heads, block_hk)
     s_blocks = triton.cdiv(seq_len, cfg["block_s"])
-    all_heads = bool(cfg.get("all_heads", False))
     grid = (s_blocks * batch * (1 if all_heads else part_blocks), 1, 1)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
@@ -433,6 +446,10 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         INT64=int64,
         BLOCK_S=cfg["block_s"],
         BLOCK_H=block_h,
+        BLOCK_HK=block_hk,
+        Q_LOOP=q_blocks if all_heads else 0,
+        K_LOOP=k_blocks if all_heads else 0,
+        V_LOOP=part_blocks - q_blocks - k_blocks if all_heads else 0,
         HALF=_next_pow2(rotary_dim // 2),
         PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,

@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -58,10 +59,18 @@ PROBLEMS = [
     ("qkv bf16 32 groups x 1q", lambda: QKVProblem(heads=32, q_per_group=1), qkv_call),
 ]
 
-CONFIGS = ([dict(block_s=s, block_h=h, num_warps=w, all_heads=True)
-            for s, h, w in itertools.product([1, 2, 4], [4, 8, 16, 32], [2, 4, 8])]
-           + [dict(block_s=s, block_h=h, num_warps=w, all_heads=False)
-              for s, h, w in itertools.product([1, 2, 4, 8], [4, 8], [2, 4])])
+def configs_for(p) -> list:
+    """The configurations tried on problem ``p``: programs of one head block, and programs of all
+    heads with k's blocks sized to k (head blocks of 2 KB, or all of q in one block)."""
+    k_heads = getattr(p, "k_heads", p.heads)  # fused QKV: one k head per group
+    q_heads = p.heads * getattr(p, "n_q", 1)
+    full_q = triton.next_power_of_2(q_heads)
+    configs = [dict(block_s=s, block_h=h, block_hk=min(h, triton.next_power_of_2(k_heads)),
+                    num_warps=w, all_heads=True)
+               for s, h, w in itertools.product([1, 2], sorted({4, 8, 16, full_q}), [2, 4, 8])]
+    configs += [dict(block_s=s, block_h=h, num_warps=w, all_heads=False)
+                for s, h, w in itertools.product([1, 2, 4, 8], [4, 8], [2, 4])]
+    return configs
 
 
 def fraction(p, make, config, copy_gbps):
@@ -77,6 +86,22 @@ def fraction(p, make, config, copy_gbps):
     finally:
         qk.default_config = default
         qk._PLANS.clear()
+
+
+def _label(c: dict) -> str:
+    return (f"(s{c['block_s']} h{c['block_h']} hk{c.get('block_hk', c['block_h'])} "
+            f"w{c['num_warps']}{' all' if c['all_heads'] else ''})")
+
+
+def _default_of(p, make) -> dict:
+    """The configuration default_config chose for ``p`` (read back from the plan it built)."""
+    qk._PLANS.clear()
+    make(p)()
+    (plan,) = qk._PLANS.values()
+    c = plan.constexprs
+    qk._PLANS.clear()
+    return dict(block_s=c["BLOCK_S"], block_h=c["BLOCK_H"], block_hk=c["BLOCK_HK"],
+                num_warps=plan.num_warps, all_heads=c["ALL_HEADS"])
 
 
 def main(argv=None):
@@ -96,17 +121,17 @@ def main(argv=None):
         element_size = (p.q if hasattr(p, "q") else p.qkv).element_size()
         share = (args.budget - (time.time() - start)) / (len(PROBLEMS) - i)
         t0 = time.time()
-        for config in CONFIGS:
+        for config in configs_for(p):
             if not 1024 <= config["block_s"] * config["block_h"] * p.head_dim * element_size <= 32768:
                 continue
             if time.time() - t0 > share:
                 break
             row["configs"].append(dict(config, frac=fraction(p, make, config, copy_gbps)))
+        row["default_config"] = _default_of(p, make)
         best = sorted(row["configs"], key=lambda c: -c["frac"])[:3]
-        print(f"{name:28s} default {row['default']:.3f}  liger {row.get('liger', float('nan')):.3f}"
-              f"  best " + ", ".join(f"{c['frac']:.3f} (s{c['block_s']} h{c['block_h']} "
-                                     f"w{c['num_warps']}{' all' if c['all_heads'] else ''})"
-                                     for c in best), flush=True)
+        print(f"{name:28s} default {row['default']:.3f} {_label(row['default_config'])}  "
+              f"liger {row.get('liger', float('nan')):.3f}  best "
+              + ", ".join(f"{c['frac']:.3f} {_label(c)}" for c in best), flush=True)
         results.append(row)
         del p
         torch.cuda.empty_cache()

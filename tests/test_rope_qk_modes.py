@@ -14,11 +14,13 @@ from rope_kernels import RotaryPositionEmbedding, rope_qk, rope_reference
 from test_serving import make_cache, reference as cache_reference
 
 MODES = [dict(block_s=2, block_h=2, num_warps=4, all_heads=True),
+         dict(block_s=1, block_h=4, block_hk=2, num_warps=4, all_heads=True),
          dict(block_s=1, block_h=1, num_warps=2, all_heads=True),
          dict(block_s=2, block_h=2, num_warps=4, all_heads=False)]
 
 
 @pytest.fixture(params=MODES, ids=lambda m: f"s{m['block_s']}h{m['block_h']}"
+                + (f"hk{m['block_hk']}" if "block_hk" in m else "")
                 + ("-all_heads" if m["all_heads"] else "-one_block"))
 def mode(request, monkeypatch):
     monkeypatch.setattr(rope_qk, "_PLANS", {})
