@@ -113,14 +113,16 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
 
 @triton.jit
 def _rotate_tile(
-    x_ptr, out_ptr, cos1, sin1, cos2, sin2,
+    x_ptr, out_ptr, cos1, sin1, cos2, sin2, table_ptr, sin_ptr, t_row,
     s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
-    x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d,
-    INTERLEAVED: tl.constexpr, INT64: tl.constexpr,
+    x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d, t_stride_d,
+    ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    FAST_TRIG: tl.constexpr, INT64: tl.constexpr, ANGLES_HERE: tl.constexpr,
     BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
 ):
-    """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin
-    (``_angles``)."""
+    """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin: given
+    (``_angles``, computed once for several tiles), or with ``ANGLES_HERE`` computed here, after
+    x's loads are issued so that the angle loads and the trig overlap their latency."""
     h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
     h_mask = h < heads
     g = h // n_sub
@@ -158,6 +160,10 @@ def _rotate_tile(
             p = p.to(tl.int64)
         p_mask = row_mask & (p < head_dim)[None, None, :]
         xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
+    if ANGLES_HERE:
+        cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
+                                         INT64, HALF)
 
     if INTERLEAVED:
         x1, x2 = tl.split(x12.to(tl.float32))
@@ -284,39 +290,35 @@ def rope_qk_kernel(
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF)
         for hb in tl.static_range(Q_LOOP):
-            _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, hb,
-                         q_heads, q_sub, rotary_dim, head_dim,
-                         q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
-                         INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+            _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, q_table_ptr, sin_ptr, t_row,
+                         s_idx, s_mask, pid_b, hb, q_heads, q_sub, rotary_dim, head_dim,
+                         q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
+                         ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_H, HALF,
+                         PASS)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
                                              FAST_TRIG, INT64, HALF)
         for hb in tl.static_range(K_LOOP):
-            _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, hb,
-                         k_heads, k_sub, rotary_dim, head_dim,
-                         k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
-                         INTERLEAVED, INT64, BLOCK_HK, HALF, PASS)
+            _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, k_table_ptr, sin_ptr, t_row,
+                         s_idx, s_mask, pid_b, hb, k_heads, k_sub, rotary_dim, head_dim,
+                         k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
+                         ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_HK, HALF,
+                         PASS)
         if HAS_V:
             for hb in tl.static_range(V_LOOP):
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
                            v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d, INT64, BLOCK_HK, V_WIDTH)
     elif pid_h < q_blocks:
-        cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
-                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
-                                         INT64, HALF)
-        _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h,
-                     q_heads, q_sub, rotary_dim, head_dim,
-                     q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
-                     INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+        _rotate_tile(q_ptr, q_out_ptr, 0.0, 0.0, 0.0, 0.0, q_table_ptr, sin_ptr, t_row,
+                     s_idx, s_mask, pid_b, pid_h, q_heads, q_sub, rotary_dim, head_dim,
+                     q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS)
     elif pid_h < q_blocks + k_blocks:
-        cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
-                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
-                                         INT64, HALF)
-        _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b,
-                     pid_h - q_blocks, k_heads, k_sub, rotary_dim, head_dim,
-                     k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
-                     INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+        _rotate_tile(k_ptr, k_out_ptr, 0.0, 0.0, 0.0, 0.0, k_table_ptr, sin_ptr, t_row,
+                     s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads, k_sub, rotary_dim,
+                     head_dim, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS)
     else:
         if HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
