@@ -6,7 +6,8 @@
 #            memory on the > 2**31-element tests; tests/test_te_matrix.py alone passes with 10, but
 #            with 14 dozens of its cases failed in two sessions, cause not found)
 # te:        TransformerEngine's own tests/pytorch/test_fused_rope.py against this package
-#            (needs ../shared/te from the study-group workspace; 6 workers)
+#            (needs ../shared/te from the study-group workspace; 6 workers, but its QKV tests
+#            need -n 4: at 6, 338 of them failed on an H200 on 2026-11-23 and all 2016 passed at 4)
 # latency:   scripts/launch_latency.py
 # bench:     python -m rope_kernels.bench --mode full (set ROPE_PEER_DIR for flash-attn's rotary)
 # notebooks: strict nbval of every notebook, benchmarks measured live

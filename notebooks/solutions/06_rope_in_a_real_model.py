@@ -50,28 +50,39 @@ def count_graph_breaks(fn: Callable, *args) -> tuple[int, int]:
 
 def latency_budget(rows: dict, with_start: bool = True) -> dict:
     """Exercise 3: from ``figures/launch_latency.json``'s ``us_per_call``, the microseconds of a
-    TransformerEngine-style decode call (bshd [64, 1, 32, 128] bf16), piece by piece:
+    TransformerEngine-style decode call (bshd [64, 1, 32, 128] bf16), piece by piece.
 
-    - "Triton's launcher": CompiledKernel.run alone, arguments prepared;
-    - "thin-launch wrapper": _launch.thin_launch minus the above (pointers, device, stream, checks);
+    With ``start_positions`` the default call takes the full path (their values are checked on
+    the host every call):
+
+    - "Triton's launcher": the C launch function alone, arguments prepared (what the thin
+      launch calls);
+    - "thin-launch wrapper": _launch.thin_launch minus the above (pointers, device, stream,
+      contract checks);
     - "plan lookup and output": rope_2d called directly minus thin_launch (its key, the plan
       lookup, torch.empty_like);
-    - "argument checks": the validate=False API call minus rope_2d directly;
-    - "value checks (host copy)": the default call minus the validate=False call;
-    - "total, default call" and "CUDA-graph replay" as measured.
+    - "argument checks": the validate=False call on the full path minus rope_2d directly;
+    - "value checks (host copy)": the default call minus the above.
+
+    Without them there is nothing to copy to the host, and a repeated call takes the shortcut
+    (``api.py``): launcher, wrapper, and "shortcut (key, lookup, output)", the rest of the
+    default call. ``parts`` lists the pieces in order; "total, default call" and "CUDA-graph
+    replay" are as measured.
     """
     label = "with start_positions" if with_start else "no start_positions"
-    run = rows["launch pieces: CompiledKernel.run alone, arguments ready (Triton's launcher)"]
+    launcher = rows["launch pieces: Triton's C launch function alone, arguments ready (what "
+                    "the thin launch calls)"]
     thin = rows["launch pieces: _launch.thin_launch (pointers, device, stream, checks + the above)"]
-    direct = rows[f"te {label}: rope_2d directly (no checks)"]
-    fast = rows[f"te {label}: validate=False"]
     default = rows[f"te {label}: default call (values checked: host copy)"]
-    return {
-        "Triton's launcher": run,
-        "thin-launch wrapper": thin - run,
-        "plan lookup and output": direct - thin,
-        "argument checks": fast - direct,
-        "value checks (host copy)": default - fast,
-        "total, default call": default,
-        "CUDA-graph replay": rows[f"te {label}: CUDA graph replay of the default call"],
-    }
+    budget = {"Triton's launcher": launcher, "thin-launch wrapper": thin - launcher}
+    if with_start:
+        direct = rows[f"te {label}: rope_2d directly (no checks)"]
+        full = rows[f"te {label}: validate=False, full path (no shortcut)"]
+        budget.update({"plan lookup and output": direct - thin, "argument checks": full - direct,
+                       "value checks (host copy)": default - full})
+    else:
+        budget["shortcut (key, lookup, output)"] = default - thin
+    budget["parts"] = list(budget)
+    budget["total, default call"] = default
+    budget["CUDA-graph replay"] = rows[f"te {label}: CUDA graph replay of the default call"]
+    return budget
