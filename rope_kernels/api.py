@@ -60,7 +60,9 @@ class _Shortcuts:
 
     def record(self, key, run, tensors_of):
         """``run()`` (the full path) while recording its launches; remember them for ``key``
-        if there was one whose pointers are all among ``tensors_of(result)``, by identity."""
+        if there was one whose pointers are all among ``tensors_of(result)``, by identity.
+        (The recording is process-wide: a launch from another thread meanwhile fails the
+        identity check, and the signature then simply keeps the full path.)"""
         recording = _launch.RECORDING = []
         try:
             result = run()
