@@ -42,7 +42,6 @@ import triton
 # The interpreter (no GPU) has no compiled kernels to reuse.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 ENABLED = True  # set False to always go through Triton's dispatch
-DIRECT = True  # set False to call CompiledKernel.run rather than the C function under it
 RECORDING = None  # a list while an entry point records the launches of a call
 _MISSING = object()
 
@@ -90,7 +89,7 @@ def _direct(compiled):
     descriptors to build), else None."""
     launcher = compiled.run
     c_launch = getattr(launcher, "launch", None)
-    if (not DIRECT or not triton.__version__.startswith("3.6.")
+    if (not triton.__version__.startswith("3.6.")
             or type(launcher).__name__ != "CudaLauncher"
             or getattr(c_launch, "__module__", None) != "__triton_launcher"
             or getattr(launcher, "global_scratch_size", 1) != 0

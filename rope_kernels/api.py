@@ -54,15 +54,32 @@ class _Shortcuts:
         self.enabled = True  # False: every call takes the full path
         self.entries: dict = {}
 
+    def lookup(self, key):
+        """(the launch remembered for ``key`` or None, the key under which the full path is to
+        be recorded or None). A key of None, an unhashable one (the checks will name the
+        argument) or one whose full path cannot be remembered gives (None, None)."""
+        if key is None:
+            return None, None
+        try:
+            entry = self.entries.get(key)
+        except TypeError:
+            return None, None
+        if entry is None:
+            return None, key
+        return entry or None, None
+
     def replay(self, entry, tensors) -> None:
         kernel, plan, slots = entry
         _launch.thin_launch(kernel, plan, [tensors[i] for i in slots])
 
-    def record(self, key, run, tensors_of):
-        """``run()`` (the full path) while recording its launches; remember them for ``key``
-        if there was one whose pointers are all among ``tensors_of(result)``, by identity.
-        (The recording is process-wide: a launch from another thread meanwhile fails the
-        identity check, and the signature then simply keeps the full path.)"""
+    def full_path(self, key, run, tensors_of):
+        """``run()`` (the full path); with a ``key`` from ``lookup``, while recording its
+        launches, remembering them for ``key`` if there was one whose pointers are all among
+        ``tensors_of(result)``, by identity. (The recording is process-wide: a launch from
+        another thread meanwhile fails the identity check, and the signature then simply keeps
+        the full path.)"""
+        if key is None:
+            return run()
         recording = _launch.RECORDING = []
         try:
             result = run()
@@ -84,11 +101,9 @@ class _Shortcuts:
 _SHORTCUTS = _Shortcuts()
 
 
-def _meta_or_none(x):
-    """Hashable metadata of an optional tensor argument, for a shortcut key (raises
-    AttributeError for anything else, which then takes the full path)."""
-    if x is None:
-        return None
+def _tensor_meta(x):
+    """Hashable metadata of a tensor argument, for a shortcut key (raises AttributeError for
+    anything else, which then takes the full path)."""
     if type(x) is not _Tensor:
         raise AttributeError
     return (x.shape, x.stride(), x.dtype, x.device)
@@ -163,22 +178,19 @@ def apply_rotary_pos_emb(
             key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 if interleaved
                    else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
                    tensor_format, None if start_positions is None
-                   else _meta_or_none(start_positions),
-                   None if cu_seqlens is None else _meta_or_none(cu_seqlens),
+                   else _tensor_meta(start_positions),
+                   None if cu_seqlens is None else _tensor_meta(cu_seqlens),
                    interleaved, type(interleaved), cp_size, type(cp_size), cp_rank,
                    type(cp_rank), kernel, type(kernel), type(tensor_format))
-            entry = _SHORTCUTS.entries.get(key)
         except (AttributeError, TypeError):  # an argument of another type: let the checks say
             key = None
-        else:
-            if entry:
-                # (A contiguous t's own layout is the contiguous one, and cheaper to ask for.)
-                out = (torch.empty_like(t) if t.is_contiguous()
-                       else torch.empty_like(t, memory_format=torch.contiguous_format))
-                _SHORTCUTS.replay(entry, (t, freqs, out, start_positions, cu_seqlens))
-                return out
-            if entry is False:
-                key = None
+    entry, key = _SHORTCUTS.lookup(key)
+    if entry:
+        # (A contiguous t's own layout is the contiguous one, and cheaper to ask for.)
+        out = (torch.empty_like(t) if t.is_contiguous()
+               else torch.empty_like(t, memory_format=torch.contiguous_format))
+        _SHORTCUTS.replay(entry, (t, freqs, out, start_positions, cu_seqlens))
+        return out
     compiling = torch.compiler.is_compiling()
     validate_rope_args(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
                        cp_rank, kernel_dtypes_only=fused,
@@ -201,9 +213,8 @@ def apply_rotary_pos_emb(
         return launcher(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
                         cp_size, cp_rank)
 
-    if key is None:
-        return run()
-    return _SHORTCUTS.record(key, run, lambda out: (t, freqs, out, start_positions, cu_seqlens))
+    return _SHORTCUTS.full_path(key, run,
+                                lambda out: (t, freqs, out, start_positions, cu_seqlens))
 
 
 def _check_values(validate: bool, t: torch.Tensor, compiling: bool) -> bool:
@@ -303,17 +314,13 @@ def apply_rope_with_cos_sin_cache(
         New contiguous ``(query_out, key_out)`` of the inputs' shapes, from one kernel launch;
         the inputs are not modified. Differentiable with respect to query and key.
     """
-    sig = _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox,
-                              validate, False)
-    if sig is not None:
-        entry = _SHORTCUTS.entries.get(sig)
-        if entry:
-            query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
-            key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
-            _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache, query_out, key_out))
-            return query_out, key_out
-        if entry is False:
-            sig = None
+    entry, sig = _SHORTCUTS.lookup(_cache_shortcut_key(positions, query, key, head_size,
+                                                       cos_sin_cache, is_neox, validate, False))
+    if entry:
+        query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
+        _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache, query_out, key_out))
+        return query_out, key_out
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
                                 check_values=_check_values(validate, query, compiling))
@@ -325,9 +332,8 @@ def apply_rope_with_cos_sin_cache(
     def run():
         return _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox)
 
-    if sig is None:
-        return run()
-    return _SHORTCUTS.record(sig, run, lambda out: (positions, query, key, cos_sin_cache, *out))
+    return _SHORTCUTS.full_path(sig, run,
+                                lambda out: (positions, query, key, cos_sin_cache, *out))
 
 
 def _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox, validate,
@@ -340,16 +346,11 @@ def _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox
             or (_grad_enabled() and (query.requires_grad or key.requires_grad
                                      or cos_sin_cache.requires_grad))):
         return None
-    try:
-        sig = (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
-               key.dtype, key.device, positions.shape,
-               positions.stride(), positions.dtype, positions.device, cos_sin_cache.shape,
-               cos_sin_cache.stride(), cos_sin_cache.dtype, cos_sin_cache.device, head_size,
-               type(head_size), is_neox, type(is_neox), in_place)
-        hash(sig)
-    except TypeError:  # an unhashable argument: let the checks say
-        return None
-    return sig
+    # (An unhashable head_size or is_neox: _Shortcuts.lookup lets the checks name it.)
+    return (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
+            key.dtype, key.device, positions.shape, positions.stride(), positions.dtype,
+            positions.device, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.dtype,
+            cos_sin_cache.device, head_size, type(head_size), is_neox, type(is_neox), in_place)
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -364,15 +365,11 @@ def apply_rope_with_cos_sin_cache_inplace(
 ) -> None:
     """``apply_rope_with_cos_sin_cache`` writing into ``query`` and ``key`` (FlashInfer's
     in-place variant, what vLLM calls): one launch, no allocation, not differentiable."""
-    sig = _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox,
-                              validate, True)
-    if sig is not None:
-        entry = _SHORTCUTS.entries.get(sig)
-        if entry:
-            _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache))
-            return
-        if entry is False:
-            sig = None
+    entry, sig = _SHORTCUTS.lookup(_cache_shortcut_key(positions, query, key, head_size,
+                                                       cos_sin_cache, is_neox, validate, True))
+    if entry:
+        _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache))
+        return
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
                                 check_values=_check_values(validate, query, compiling))
@@ -388,7 +385,4 @@ def apply_rope_with_cos_sin_cache_inplace(
         _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
                                query_out=query, key_out=key)
 
-    if sig is None:
-        run()
-    else:
-        _SHORTCUTS.record(sig, run, lambda _: (positions, query, key, cos_sin_cache))
+    _SHORTCUTS.full_path(sig, run, lambda _: (positions, query, key, cos_sin_cache))
