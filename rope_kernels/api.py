@@ -175,8 +175,9 @@ def apply_rotary_pos_emb(
         # An eager call that launches once: the shortcut's key is everything the checks and the
         # launcher's plan depend on (the address modulo 16: interleaved pairs read as words).
         try:
-            key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 if interleaved
-                   else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
+            # (`is True`: a non-bool interleaved must reach the checks, which name it.)
+            key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+                   if interleaved is True else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
                    tensor_format, None if start_positions is None
                    else _tensor_meta(start_positions),
                    None if cu_seqlens is None else _tensor_meta(cu_seqlens),

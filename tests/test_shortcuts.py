@@ -112,6 +112,15 @@ def test_other_signatures_still_get_checked(shortcuts, seed):
                                  validate=False)
 
 
+def test_a_non_bool_interleaved_reaches_the_checks(shortcuts, seed):
+    """The shortcut's key must not evaluate arguments the checks have not seen yet."""
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.float32, seed)
+    bad = torch.tensor([True, False], device=DEVICE)
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        apply_rotary_pos_emb(t, freqs, fused=True, interleaved=bad)
+
+
 def test_autograd_takes_the_full_path(shortcuts, seed):
     freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
     t = randn((8, 2, 4, 32), torch.float32, seed)
