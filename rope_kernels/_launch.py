@@ -141,7 +141,7 @@ def thin_launch(kernel, plan, pointers):
                 disable(f"the compiled kernel's launcher rejected the call: {e}")
                 thin = False
     compiled = kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                                 num_warps=plan.num_warps)
+                                 num_warps=plan.num_warps, **getattr(plan, "options", {}))
     if thin:
         seen = plan.compiled.get(key, _MISSING)
         if seen is _MISSING:

@@ -38,7 +38,8 @@ def _positions(
     seq_len,
     cu_seqlens_ptr,
     start_positions_ptr,
-    n_seqs,
+    seq_lo,
+    seq_hi,
     search_steps,
     cp_size,
     cp_rank,
@@ -49,15 +50,17 @@ def _positions(
     """Row of the angle table used by each row index ``s_idx`` (a position, or a token for thd).
 
     For thd, the sequence holding each token is found by a binary search over ``cu_seqlens``
-    (``search_steps`` = ceil(log2(n_seqs)) iterations), so the launch never depends on the
+    between sequences ``seq_lo`` and ``seq_hi`` (every token lies in one of them), in
+    ``search_steps`` >= ceil(log2(seq_hi - seq_lo)) iterations, so the launch never depends on the
     longest sequence. Per-batch start positions (sbhd/bshd) are added by the caller.
     """
     if IS_THD:
         # Invariant: cu[lo] <= token < cu[hi] (cu = local boundaries, cu_seqlens // cp_size).
-        # (`s_idx * 0` rather than tl.zeros_like: the latter breaks in the interpreter when
-        # triton was imported before TRITON_INTERPRET was set.)
-        lo = s_idx * 0
-        hi = s_idx * 0 + n_seqs
+        # Once hi == lo + 1 further steps change nothing. (`s_idx * 0` rather than
+        # tl.zeros_like: the latter breaks in the interpreter when triton was imported before
+        # TRITON_INTERPRET was set.)
+        lo = s_idx * 0 + seq_lo
+        hi = s_idx * 0 + seq_hi
         for _ in range(search_steps):
             mid = (lo + hi) // 2
             go_right = tl.load(cu_seqlens_ptr + mid) // cp_size <= s_idx
@@ -87,18 +90,59 @@ def _positions(
     return pos
 
 
-@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "search_steps", "cp_size", "cp_rank"])
+@triton.jit
+def _narrow(cu_seqlens_ptr, token, lo, hi, cp_size, FANOUT: tl.constexpr):
+    """One round of a FANOUT-ary search for the sequence of one ``token``: from cu[lo] <= token <
+    cu[hi] to a range FANOUT times smaller, with one vector load of FANOUT boundaries spread
+    over [lo, hi) (a binary search would take log2(FANOUT) dependent loads for the same)."""
+    step = (hi - lo + FANOUT - 1) // FANOUT
+    idx = lo + tl.arange(0, FANOUT) * step
+    inside = idx < hi
+    bound = tl.load(cu_seqlens_ptr + idx, mask=inside, other=0) // cp_size
+    below = tl.sum((inside & (bound <= token)).to(tl.int32), axis=0)  # >= 1: idx[0] = lo
+    new_lo = lo + (below - 1) * step
+    return new_lo, tl.minimum(new_lo + step, hi)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "narrow_rounds", "cp_size", "cp_rank"])
 def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_tokens, n_seqs,
-                         search_steps, cp_size, cp_rank, HAS_START: tl.constexpr,
-                         USE_CP: tl.constexpr, BLOCK: tl.constexpr):
-    """Pre-pass for packs of many short sequences: writes the angle-table row of each of
-    ``BLOCK`` consecutive tokens (``_positions``: the binary search over ``cu_seqlens``, the
-    context-parallel mapping and the start position). The main kernel then reads one int per
-    token instead of searching in every tile. One program per token block, so the grid follows
-    the tokens, never the sequences or the longest sequence; each thread runs a few searches
-    side by side, which hides the latency of their dependent loads."""
-    token = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, n_seqs, search_steps,
+                         narrow_rounds, cp_size, cp_rank, HAS_START: tl.constexpr,
+                         USE_CP: tl.constexpr, PDL_TRIGGER: tl.constexpr, BLOCK: tl.constexpr,
+                         FANOUT: tl.constexpr):
+    """Pre-pass for packs of many sequences: writes the angle-table row of each of ``BLOCK``
+    consecutive tokens (``_positions``: the search over ``cu_seqlens``, the context-parallel
+    mapping and the start position). The main kernel then reads one int per token instead of
+    searching in every tile. One program per token block, so the grid follows the tokens, never
+    the sequences or the longest sequence.
+
+    The block's tokens are consecutive, so the sequences holding them are a run ``lo .. hi - 1``:
+    from the sequences of its first and last token, each found in ``narrow_rounds`` rounds of a
+    FANOUT-ary search (one wide load a round; 2 rounds for 65536 sequences). Each token's binary
+    search then covers only that run, whose boundaries the first steps bring into L1: a chain
+    of 16 dependent loads from L2 at 65536 sequences becomes 2 from L2 and ~8 from L1.
+
+    ``PDL_TRIGGER``: with programmatic dependent launch (Hopper and later) the main kernel may
+    start as soon as every program here has begun, and waits for this kernel's writes only where
+    it reads them (``PDL_WAIT``): its x loads overlap this kernel instead of queueing behind it.
+    """
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
+    first = tl.program_id(0) * BLOCK
+    last = tl.minimum(first + BLOCK, n_tokens) - 1
+    lo = first * 0
+    hi = lo + n_seqs
+    lo_last = lo
+    hi_last = hi
+    for _ in range(narrow_rounds):
+        lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT)
+        lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT)
+    steps = lo * 0  # ceil(log2(hi_last - lo)): the binary search's iterations over the run
+    span = hi_last - lo
+    while span > 1:
+        span = (span + 1) // 2
+        steps += 1
+    token = first + tl.arange(0, BLOCK)
+    pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, lo, hi_last, steps,
                      cp_size, cp_rank, True, HAS_START, USE_CP)
     tl.store(token_rows_ptr + token, pos, mask=token < n_tokens)
 
@@ -222,6 +266,7 @@ def rope_2d_kernel(
     group_b,  # batch blocks per group (see the program order below)
     IS_THD: tl.constexpr,
     TOKEN_ROWS: tl.constexpr,  # thd: table rows per token precomputed by thd_positions_kernel
+    PDL_WAIT: tl.constexpr,  # launched as the pre-pass's programmatic dependent: wait for its rows
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -315,9 +360,13 @@ def rope_2d_kernel(
         xp = tl.load(x_base + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
 
     if TOKEN_ROWS:
+        if PDL_WAIT:
+            # x was written before the pre-pass was launched, so its loads above could go first;
+            # the token rows are the pre-pass's output: wait until they are all written.
+            tl.extra.cuda.gdc_wait()
         pos = tl.load(cu_seqlens_ptr + s_idx, mask=s_mask, other=0)
     else:
-        pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, n_seqs,
+        pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, 0, n_seqs,
                          search_steps, cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
     if HAS_START and not IS_THD:
         # Per-sequence offsets: the launcher gives such tiles a single batch element (BLOCK_B=1).
@@ -413,12 +462,18 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
-TOKEN_ROWS_ABOVE = 1024  # thd: more sequences than this -> the per-token pre-pass
-# Tokens per program of the pre-pass, on 2 warps: 4 searches per thread. 65536 tokens in 16 to
-# 65536 sequences took 5.6-11.3 us on the H200 (one program per sequence, the earlier design:
-# 44 us at 65536 sequences; 1024 tokens on 4 warps were slower on the H100; figures/
-# thd_pre_pass.json, scripts/thd_pre_pass.py).
+# thd: more sequences than this -> the per-token pre-pass. On the H200 (65536 tokens, bf16) the
+# search in every tile was ahead at 16 and 64 sequences (0.955/0.950 of copy against 0.944/0.946),
+# the pre-pass from 256 on (0.955 against 0.948; 0.956 against 0.881 at 1024).
+TOKEN_ROWS_ABOVE = 128
+# The pre-pass: 256 tokens a program, 4 warps, 256-ary narrowing. On the H200, for 65536 tokens
+# in 16 to 65536 sequences, it took 5.2-8.3 us alone, where a binary search per token over all
+# sequences took 5.0-11.4 us and one program per sequence (the first design) 44 us at 65536
+# sequences (figures/thd_pre_pass.json, scripts/thd_pre_pass.py).
 PRE_PASS_BLOCK = 256
+PRE_PASS_FANOUT = 256
+# thd tiles: 2048 elements of input, 64 bytes a thread (see _config).
+THD_TILE_ELEMENTS = 2048
 SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole
 
 
@@ -437,8 +492,15 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
         head_share = rows
         num_warps = 1
     elif tensor_format == "thd":
-        rows = max(1, 2 * TILE_BYTES // (width * element_size))
-        head_share = rows // 2
+        # Rows of tokens are contiguous and nothing is reused across them but the search: small
+        # tiles with 64 bytes of input a thread did best. 16-bit: one token's run of up to 16
+        # heads, 4 KB on 2 warps; fp32: 4 tokens x 4 heads, 8 KB on 4 warps. (H200, 65536 tokens
+        # in 16-65536 sequences: 0.95-0.975 of copy for the kernel alone, against 0.93 for the
+        # 16 KB tiles used before: scripts/tile_sweep.py, figures/tile_sweep_thd.csv.)
+        rows = max(1, THD_TILE_ELEMENTS // width)
+        head_share = rows if element_size < 4 else 4
+        max_positions = rows
+        num_warps = 2 if element_size < 4 else 4
     elif tensor_format == "bshd" and _next_pow2(max(1, heads)) * width * element_size <= SMALL_ROW_BYTES:
         # Small bshd rows: whole rows of one batch element (contiguous memory), 4 KB and 2 warps
         # a tile. Half-row tiles or 4 warps lost 3-12% in the sweep (16 heads, head_dim 64).
@@ -469,12 +531,14 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
 
 class Plan:
     """Everything a launch needs that follows from shapes, strides and flags (not from data).
-    ``compiled`` is for a launcher that reuses the kernel Triton compiled (the package's)."""
+    ``options``: launch options besides ``num_warps`` (``launch_pdl``). ``compiled`` is for a
+    launcher that reuses the kernel Triton compiled (the package's)."""
 
-    __slots__ = ("grid", "scalars", "constexprs", "num_warps", "compiled")
+    __slots__ = ("grid", "scalars", "constexprs", "num_warps", "options", "compiled")
 
-    def __init__(self, grid, scalars, constexprs, num_warps):
+    def __init__(self, grid, scalars, constexprs, num_warps, options=None):
         self.grid, self.scalars, self.constexprs, self.num_warps = grid, scalars, constexprs, num_warps
+        self.options = options or {}
         self.compiled = {}
 
 
@@ -483,13 +547,31 @@ _PRE_PLANS: dict = {}  # the same signatures -> Plan of the thd pre-pass, where 
 _MAX_PLANS = 4096
 
 
+def _narrow_rounds(n_seqs: int, fanout: int) -> int:
+    """Rounds of a fanout-ary search that pin a token to one of n_seqs sequences."""
+    rounds, covered = 1, fanout
+    while covered < n_seqs:
+        rounds, covered = rounds + 1, covered * fanout
+    return rounds
+
+
 def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0,
-                  has_start: bool = False) -> Plan:
-    """Launch plan of ``thd_positions_kernel``: one program per PRE_PASS_BLOCK tokens, 2 warps.
+                  has_start: bool = False, pdl: bool = False) -> Plan:
+    """Launch plan of ``thd_positions_kernel``: one program per PRE_PASS_BLOCK tokens, 4 warps;
+    ``pdl``: it lets the main kernel, launched as its programmatic dependent, start at once.
     Pointers: (cu_seqlens, start_positions or a placeholder, token_rows [n_tokens] int32)."""
     return Plan((triton.cdiv(n_tokens, PRE_PASS_BLOCK), 1, 1),
-                (n_tokens, n_seqs, _search_steps(n_seqs), cp_size, cp_rank),
-                dict(HAS_START=has_start, USE_CP=cp_size > 1, BLOCK=PRE_PASS_BLOCK), 2)
+                (n_tokens, n_seqs, _narrow_rounds(n_seqs, PRE_PASS_FANOUT), cp_size, cp_rank),
+                dict(HAS_START=has_start, USE_CP=cp_size > 1, PDL_TRIGGER=pdl,
+                     BLOCK=PRE_PASS_BLOCK, FANOUT=PRE_PASS_FANOUT), 4)
+
+
+def _pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch: NVIDIA GPUs of compute capability 9.0 (Hopper) or later,
+    compiled kernels (not the interpreter), and a Triton that has the griddepcontrol wrappers."""
+    return (not INTERPRETED and device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] >= 9
+            and hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait"))
 
 
 def launch(kernel, plan: Plan, pointers):
@@ -497,7 +579,7 @@ def launch(kernel, plan: Plan, pointers):
     launcher that skips Triton's per-call argument analysis, rope_kernels/_launch.py; a copy of
     this file needs none.)"""
     return kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                             num_warps=plan.num_warps)
+                             num_warps=plan.num_warps, **plan.options)
 
 
 def _pairs_as_words(*tensors: torch.Tensor) -> bool:
@@ -527,15 +609,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # thd with many sequences: a pre-pass writes each token's table row (see
     # thd_positions_kernel) instead of each tile searching cu_seqlens.
     cfg["token_rows"] = is_thd and cu_seqlens.numel() - 1 > TOKEN_ROWS_ABOVE
-    if cfg["token_rows"] and t.device.type == "cuda":
-        # With the pre-pass a tile pays no search: runs of 16 tokens x 4 heads (16 KB in bf16,
-        # 8 warps) were best, or within 0.3 points of it, at 4096, 16384 and 65536 sequences
-        # in the H100 sweep (scripts/tile_sweep.py, figures/tile_sweep.csv).
-        width = t.element_size() * (2 * _next_pow2(rotary_dim // 2) + (
-            _next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0))
-        block_h = min(_next_pow2(max(1, heads)), 4)
-        cfg.update(block_h=block_h, block_s=min(16, _floor_pow2(max(1, 16384 // (block_h * width)))),
-                   num_warps=8)
+    cfg["pdl"] = None
     if config:
         unknown = set(config) - set(cfg)
         if unknown:
@@ -548,6 +622,10 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         if not isinstance(cfg["group_b"], int) or cfg["group_b"] < 1:
             raise ValueError(f"config['group_b'] must be a positive int, got {cfg['group_b']!r}")
     cfg["token_rows"] = bool(cfg["token_rows"]) and is_thd
+    # The pre-pass and the main kernel overlap through programmatic dependent launch where the
+    # GPU has it (``pdl`` in config: None = where available).
+    pdl = bool(cfg["token_rows"]) and (_pdl_available(t.device) if cfg["pdl"] is None
+                                       else bool(cfg["pdl"]))
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
@@ -569,6 +647,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     constexprs = dict(
         IS_THD=is_thd,
         TOKEN_ROWS=bool(cfg["token_rows"]),
+        PDL_WAIT=pdl,
         HAS_START=start_positions is not None,
         USE_CP=cp_size > 1,
         INTERLEAVED=bool(interleaved),
@@ -584,7 +663,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         PASS=(_next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
               if head_dim > rotary_dim else 0),
     )
-    return Plan(grid, scalars, constexprs, cfg["num_warps"])
+    return Plan(grid, scalars, constexprs, cfg["num_warps"], dict(launch_pdl=True) if pdl else None)
 
 
 def rope_2d(
@@ -617,7 +696,8 @@ def rope_2d(
         config: optional override of ``default_config``: ``block_s``, ``block_b``, ``block_h``,
             ``num_warps`` (powers of two), ``fast_trig`` (SFU cos/sin, NVIDIA GPUs only) and
             ``token_rows`` (thd: the per-token pre-pass instead of the search over cu_seqlens;
-            on by default above TOKEN_ROWS_ABOVE sequences).
+            on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
+            programmatic dependent launch of the main kernel; None = on where the GPU has it).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 
@@ -665,7 +745,8 @@ def rope_2d(
         pre = _PRE_PLANS.get(key)
         if pre is None:
             pre = _PRE_PLANS[key] = pre_pass_plan(t.shape[0], cu_seqlens.numel() - 1, cp_size,
-                                                  cp_rank, start_positions is not None)
+                                                  cp_rank, start_positions is not None,
+                                                  plan.constexprs["PDL_WAIT"])
         launch(thd_positions_kernel, pre, (cu_seqlens, start_positions if start_positions
                                            is not None else cu_seqlens, seq_info))
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.

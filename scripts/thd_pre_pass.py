@@ -5,9 +5,11 @@ and the whole call with the pre-pass and with the search in every tile.
 
 Problems as in the benchmark's thd sweep: 4096 x 16 = 65536 tokens, 32 heads, head_dim 128, cut
 at random into n_seqs sequences of mixed lengths. Times are do_bench medians.
-- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (a binary search per token, 256 tokens per
-  program), and ``pre_us_per_sequence``: the earlier pre-pass, one program per sequence writing
-  its tokens' rows (kept here only to compare).
+- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (256 tokens a program: the run of sequences
+  they span narrowed by a 256-ary search, then a binary search per token over that run), next to
+  the two designs it replaced, kept here only to compare: ``pre_us_binary_search``, a binary
+  search per token over all sequences (256 tokens a program, 2 warps), and
+  ``pre_us_per_sequence``, one program per sequence writing its tokens' rows.
 - ``frac_search`` / ``frac_pre_pass``: the whole ``rope_2d`` call (bytes as in the benchmark) as
   a fraction of the device copy, with ``config=dict(token_rows=False / True)``.
 """
@@ -43,6 +45,17 @@ def per_sequence_pre_pass(cu_seqlens_ptr, token_rows_ptr, BLOCK: tl.constexpr):
         tl.store(token_rows_ptr + token, token - begin, mask=token < end)
 
 
+@triton.jit
+def binary_search_pre_pass(cu_seqlens_ptr, token_rows_ptr, n_tokens, n_seqs, search_steps,
+                           BLOCK: tl.constexpr):
+    """The second design (no cp, no start positions): a binary search per token over all
+    sequences, search_steps = ceil(log2(n_seqs)) dependent loads from L2."""
+    token = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pos = r2._positions(token, 0, cu_seqlens_ptr, cu_seqlens_ptr, 0, n_seqs, search_steps, 1, 0,
+                        True, False, False)
+    tl.store(token_rows_ptr + token, pos, mask=token < n_tokens)
+
+
 def us(fn) -> float:
     return round(1e3 * do_bench(fn, return_mode="median"), 2)
 
@@ -53,7 +66,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     copy = copy_bandwidth_gbps()
     rows = []
-    for n_seqs in (16, 256, 1024, 2048, 4096, 16384, 65536):
+    for n_seqs in (16, 64, 256, 1024, 2048, 4096, 16384, 65536):
         for dtype in ("bf16", "fp32"):
             p = Problem("thd", dtype, n_seqs=n_seqs)
             t, freqs, cu = p.t, p.freqs, p.cu_seqlens
@@ -68,6 +81,11 @@ def main(argv=None):
             pre = r2.pre_pass_plan(n_tokens, n_seqs)  # what rope_2d launches
             row["pre_us"] = us(lambda: r2.launch(r2.thd_positions_kernel, pre,
                                                  (cu, cu, token_rows)))
+            want = token_rows.clone()
+            row["pre_us_binary_search"] = us(lambda: binary_search_pre_pass[(
+                triton.cdiv(n_tokens, 256),)](cu, token_rows, n_tokens, n_seqs,
+                                              r2._search_steps(n_seqs), BLOCK=256, num_warps=2))
+            assert torch.equal(token_rows, want), "the designs disagree"
             row["pre_us_per_sequence"] = us(lambda: per_sequence_pre_pass[(n_seqs,)](
                 cu, token_rows, BLOCK=256, num_warps=4))
             print(row, flush=True)

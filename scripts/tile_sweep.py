@@ -1,5 +1,6 @@
 """Tile sweep of rope_2d's kernel on a GPU: every tile shape (block_s x block_b x block_h, warps)
-within 4-32 KB of input, for the problems below, next to Liger-Kernel where it applies.
+within 4-32 KB of input (thd: 1-32 KB), for the problems below, next to Liger-Kernel where it
+applies.
 Writes $OUT/tile_sweep.csv (one row per problem x config). Notebook 04 reads the recorded copy
 in figures/.
 
@@ -46,10 +47,12 @@ PROBLEMS = {
     "sbhd bf16 interleaved": dict(tensor_format="sbhd", interleaved=True),
     "bshd bf16 interleaved": dict(tensor_format="bshd", interleaved=True),
     "sbhd fp32 interleaved": dict(tensor_format="sbhd", dtype="fp32", interleaved=True),
+    "thd bf16 16 seqs": dict(tensor_format="thd", n_seqs=16),
     "thd bf16 256 seqs": dict(tensor_format="thd", n_seqs=256),
     "thd bf16 4096 seqs": dict(tensor_format="thd", n_seqs=4096),
     "thd bf16 16384 seqs": dict(tensor_format="thd", n_seqs=16384),
     "thd bf16 65536 seqs": dict(tensor_format="thd", n_seqs=65536),
+    "thd fp16 4096 seqs": dict(tensor_format="thd", n_seqs=4096, dtype="fp16"),
     "thd fp32 16384 seqs": dict(tensor_format="thd", n_seqs=16384, dtype="fp32"),
 }
 
@@ -64,7 +67,8 @@ def configs(p: Problem) -> list[dict]:
     nh, nb = r2._next_pow2(heads), r2._next_pow2(batch)
     out = []
     for _ in (0,):
-        lo, hi = 4096, 32768
+        # thd: tiles from 1 KB (one token's run of heads), warps for 16-64 input bytes a thread
+        lo, hi = (1024 if p.tensor_format == "thd" else 4096), 32768
         for bh in sorted({nh, nh // 2, nh // 4, 1, 2, 4, 8, 16} & set(range(1, nh + 1))):
             for bb in (1, 2, 4):
                 if bb > nb:
@@ -74,7 +78,10 @@ def configs(p: Problem) -> list[dict]:
                     tile = bs * bb * bh * width * p.t.element_size()
                     if not lo <= tile <= hi:
                         continue
-                    warps = (2, 4, 8) if tile <= 8192 else (4, 8) if tile <= 16384 else (8,)
+                    if p.tensor_format == "thd":
+                        warps = tuple(w for w in (1, 2, 4, 8) if 16 <= tile // (32 * w) <= 64)
+                    else:
+                        warps = (2, 4, 8) if tile <= 8192 else (4, 8) if tile <= 16384 else (8,)
                     groups = (2, 1 << 20) if p.tensor_format == "bshd" else (1 << 20,)
                     # thd: each tile with the search over cu_seqlens and with the pre-pass
                     rows_modes = (False, True) if p.tensor_format == "thd" else (None,)

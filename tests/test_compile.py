@@ -34,6 +34,10 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
     emb = RotaryPositionEmbedding(D, device=DEVICE)(64)
     starts = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE)
     cu = torch.tensor([0, 3, seq], dtype=torch.int32, device=DEVICE)
+    # 150 sequences of 1-3 tokens: past TOKEN_ROWS_ABOVE, so the thd pre-pass runs first (and on
+    # a Hopper GPU the main kernel is its programmatic dependent)
+    lens = torch.randint(1, 4, (150,), generator=torch.Generator().manual_seed(seed + 7))
+    cu_many = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32).to(DEVICE)
     cache = _cache()
     pos = torch.randint(0, 64, (seq,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     hf_cos = randn((2, seq, D), dtype, seed + 5)
@@ -44,6 +48,9 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
         "te thd": (
             lambda t: apply_rotary_pos_emb(t, emb, "thd", fused=True, cu_seqlens=cu),
             [randn((seq, 3, D), dtype, seed)]),
+        "te thd, many sequences": (
+            lambda t: apply_rotary_pos_emb(t, emb, "thd", fused=True, cu_seqlens=cu_many),
+            [randn((int(cu_many[-1]), 3, D), dtype, seed + 2)]),
         "te fused qkv": (
             lambda qkv: torch.cat([x.flatten() for x in apply_fused_qkv_rotary_pos_emb(
                 qkv, emb, emb, [2 * D, D, D], "bshd", starts)]),

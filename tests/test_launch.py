@@ -363,14 +363,15 @@ def test_interleaved_pairs_as_words_and_fallback(dtype, backward, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (1, True), (2, False), (2, True)])
 @pytest.mark.parametrize("backward", [False, True])
-@pytest.mark.parametrize("pre_pass_block", [256, 4])
-def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_block, seed,
+@pytest.mark.parametrize("pre_pass_block,fanout", [(256, 256), (4, 2)])
+def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_block, fanout, seed,
                                  monkeypatch):
     """Packs of many sequences: the pre-pass that writes each token's table row gives what the
     in-kernel search gives and what the reference gives, empty sequences, context parallelism
     and start positions included; with 4 tokens per pre-pass program the pack spans many
-    programs, the last one partly masked."""
+    programs, the last one partly masked, and a fanout of 2 takes several narrowing rounds."""
     monkeypatch.setattr(r2, "PRE_PASS_BLOCK", pre_pass_block)
+    monkeypatch.setattr(r2, "PRE_PASS_FANOUT", fanout)
     r2._PRE_PLANS.clear()
     lengths = [4, 0, 6, 2, 8, 0, 2, 4, 12, 2] if cp_size == 1 else [4, 0, 8, 4, 12, 0, 4, 8]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
@@ -413,6 +414,117 @@ def test_thd_pre_pass_on_a_large_pack(cp_size, starts, seed):
     assert plan.constexprs["TOKEN_ROWS"] is True
     assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, False, cu, cp_size,
                                           cp_size - 1), torch.float32)
+
+
+def _token_rows_reference(cu, n_tokens, starts, cp_size, cp_rank):
+    """Each token's table row, from torch.searchsorted (what thd_positions_kernel writes)."""
+    local_cu = cu.long().cpu() // cp_size
+    token = torch.arange(n_tokens)
+    seq = torch.searchsorted(local_cu, token, right=True) - 1
+    begin = local_cu[seq]
+    cur_len = local_cu[seq + 1] - begin
+    local = token - begin
+    half = cur_len // 2
+    pos = local if cp_size == 1 else torch.where(
+        local < half, local + cp_rank * half, cur_len * cp_size - (cp_rank + 1) * half + local - half)
+    return pos + (starts.long().cpu()[seq] if starts is not None else 0)
+
+
+@pytest.mark.parametrize("block,fanout,lengths", [
+    (16, 4, "mixed"),      # 3 narrowing rounds, runs of sequences inside a block
+    (8, 2, "empty"),       # most sequences empty: runs longer than the block
+    (4, 256, "ones"),      # one round; a sequence per token
+])
+@pytest.mark.parametrize("cp_size,starts", [(1, False), (2, True)])
+def test_thd_pre_pass_rows(block, fanout, lengths, cp_size, starts, seed):
+    """thd_positions_kernel alone against searchsorted, into a poisoned buffer: every token's
+    row, whatever the narrowing rounds, the runs of sequences a block spans, empty sequences."""
+    g = torch.Generator().manual_seed(seed)
+    n = 40
+    if lengths == "mixed":
+        lens = torch.randint(1, 6, (n,), generator=g)
+    elif lengths == "empty":
+        lens = torch.randint(0, 4, (n,), generator=g) * (torch.rand(n, generator=g) < 0.25)
+        lens[-1] = 1
+    else:
+        lens = torch.ones(n, dtype=torch.long)
+    lens = lens * 2 * cp_size
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32)
+    sp = torch.randint(0, 9, (n,), generator=g, dtype=torch.int32) if starts else None
+    n_tokens = int(cu[-1]) // cp_size
+    cp_rank = cp_size - 1
+    rows = torch.full((n_tokens + 7,), -12345, dtype=torch.int32, device=DEVICE)
+    plan = r2.Plan((-(-n_tokens // block), 1, 1),
+                   (n_tokens, n, r2._narrow_rounds(n, fanout), cp_size, cp_rank),
+                   dict(HAS_START=starts, USE_CP=cp_size > 1, PDL_TRIGGER=False, BLOCK=block,
+                        FANOUT=fanout), 4)
+    cu_d = cu.to(DEVICE)
+    r2.launch(r2.thd_positions_kernel, plan, (cu_d, sp.to(DEVICE) if starts else cu_d, rows))
+    want = _token_rows_reference(cu, n_tokens, sp, cp_size, cp_rank)
+    assert torch.equal(rows[:n_tokens].cpu().long(), want)
+    assert (rows[n_tokens:] == -12345).all(), "the pre-pass wrote past the last token"
+
+
+def test_pdl_only_where_the_gpu_has_it():
+    """Programmatic dependent launch is planned only with the pre-pass, on compiled kernels of a
+    compute capability 9.0+ GPU; config={'pdl': False} turns it off."""
+    cu = torch.arange(0, 2 * 200 + 1, 2, dtype=torch.int32, device=DEVICE)
+    t = randn((400, 2, 8), torch.bfloat16, 0)
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(4)
+    hopper = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+    for config, token_rows, want in ((None, True, hopper), (dict(pdl=False), True, False),
+                                     (dict(token_rows=False), False, False)):
+        r2._PLANS.clear()
+        rope_2d(t, emb, "thd", cu_seqlens=cu, config=config)
+        (plan,) = r2._PLANS.values()
+        assert plan.constexprs["TOKEN_ROWS"] is token_rows
+        assert plan.constexprs["PDL_WAIT"] is want
+        assert plan.options == (dict(launch_pdl=True) if want else {})
+        if token_rows:
+            (pre,) = (p for k, p in r2._PRE_PLANS.items() if r2._PLANS.get(k) is plan)
+            assert pre.constexprs["PDL_TRIGGER"] is want
+
+
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs a compiled kernel on a GPU of "
+                           "compute capability 9.0 or later")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, monkeypatch):
+    """With PDL the main kernel starts while the pre-pass runs; it must still read this call's
+    token rows. Packs change from call to call with the same shapes (so the token-row buffer
+    the allocator hands back holds the previous pack's rows, which a missing wait would read),
+    and the pre-pass is made slow and short of programs (16384 tokens a program, 16 dependent
+    narrowing rounds of a fanout of 2): all of its programs start at once and let the main
+    kernel start, whose first programs then reach their token rows long before the pre-pass has
+    written them. (With the default pre-pass its programs that start last write the last tokens,
+    which the main kernel reaches last: a missing wait would rarely show.)"""
+    monkeypatch.setattr(r2, "PRE_PASS_FANOUT", 2)
+    monkeypatch.setattr(r2, "PRE_PASS_BLOCK", 16384)
+    r2._PLANS.clear()
+    r2._PRE_PLANS.clear()
+    n_seqs, n_tokens = 65536, 262144
+    emb = RotaryPositionEmbedding(64, device=DEVICE)(2 * n_tokens)
+    t = randn((n_tokens, 2, 64), dtype, 3)
+    g = torch.Generator().manual_seed(5)
+    outs, refs = [], []
+    for _ in range(6):
+        cuts = torch.randperm(n_tokens - 1, generator=g)[: n_seqs - 1].sort().values + 1
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), cuts, torch.tensor([n_tokens])])
+        cu = cu.to(torch.int32).to(DEVICE)
+        out = torch.full_like(t, float("nan"))
+        rope_2d(t, emb, "thd", cu_seqlens=cu, out=out)
+        outs.append(out)
+        refs.append(rope_2d(t, emb, "thd", cu_seqlens=cu, config=dict(pdl=False)))
+    plan = next(p for p in r2._PLANS.values() if p.constexprs["PDL_WAIT"])
+    assert plan.options == dict(launch_pdl=True)
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert torch.equal(out, ref), f"pack {i}: differs from the launch without PDL"
+    assert_rope_close(outs[-1], rope_reference(t.double(), emb, "thd", cu_seqlens=cu), dtype)
+
+
+def test_narrow_rounds():
+    assert [r2._narrow_rounds(n, 256) for n in (1, 2, 256, 257, 65536, 65537)] == [1, 1, 1, 2, 2, 3]
+    assert [r2._narrow_rounds(n, 2) for n in (1, 2, 3, 4, 5, 1024)] == [1, 1, 2, 2, 3, 10]
 
 
 def test_thd_default_takes_the_pre_pass_for_many_sequences(monkeypatch):

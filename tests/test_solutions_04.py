@@ -30,6 +30,9 @@ SHAPES = [
     ((4096, 16, 32, 128), "sbhd", 128, 2, True),    # interleaved
     ((1, 64, 32, 128), "bshd", 128, 2, False),      # decode
     ((65536, 32, 128), "thd", 128, 2, False),
+    ((65536, 32, 128), "thd", 128, 4, False),       # thd fp32: 4 tokens x 4 heads
+    ((1000, 8, 64), "thd", 64, 2, False),           # thd, few narrow heads: several tokens a tile
+    ((100, 2, 32), "thd", 32, 4, False),
     ((7, 3, 5, 24), "sbhd", 12, 4, False),
     ((5, 9, 3, 10), "bshd", 6, 2, True),
     ((1, 2048, 64, 128), "bshd", 128, 2, False),    # batch 1: the 16-head tile

@@ -42,8 +42,10 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     * the input is first seen as ``[seq_rows, batch, heads, d]``; thd (``[tokens, h, d]``) is a
       batch of one;
     * a tile of ``block_s`` positions x ``block_b`` batch elements x ``block_h`` heads (powers of
-      two) holds about 8 KB of input on a GPU (16 KB for thd): heads first (at most half the
-      rows; 4 for bshd), then up to 8 positions, then batch elements;
+      two) holds about 8 KB of input on a GPU: heads first (at most half the rows; 4 for bshd),
+      then up to 8 positions, then batch elements;
+    * thd tiles hold 2048 elements: up to 16 heads of one token in 16-bit (2 warps), 4 tokens x 4
+      heads in fp32 (4 warps);
     * bshd rows of all heads of at most 4 KB are tiled whole: 4 KB tiles, 2 warps;
     * ``group_b``: 2 for bshd, else every batch block; 4 warps;
     * interleaved pairs of a contiguous tensor are read one word per pair, so they tile like
@@ -68,27 +70,33 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     half = _next_pow2(rotary_dim // 2)
     width = 2 * half + (_next_pow2(d - rotary_dim) if d > rotary_dim else 0)
     on_gpu = sm_count is not None
+    num_warps = 4
+    max_positions = 8 if on_gpu else None
     if not on_gpu:
         rows = max(1, 16384 // width)
         head_share = rows
     elif tensor_format == "thd":
-        rows = max(1, 16384 // (width * element_size))
-        head_share = rows // 2
+        # 2048 elements: one token's run of up to 16 heads (16-bit, 2 warps), 4 tokens x 4 heads
+        # (fp32, 4 warps); no cap on the tokens but the budget
+        rows = max(1, 2048 // width)
+        head_share = rows if element_size < 4 else 4
+        max_positions = None
+        num_warps = 2 if element_size < 4 else 4
+    elif tensor_format == "bshd" and _next_pow2(heads) * width * element_size <= 4096:
+        rows = 4096 // (width * element_size)  # whole rows of all heads
+        head_share = _next_pow2(heads)
+        max_positions = None
+        num_warps = 2
     elif tensor_format == "bshd":
         rows = max(1, 8192 // (width * element_size))
         head_share = 4
     else:
         rows = max(1, 8192 // (width * element_size))
         head_share = rows // 2
-    num_warps = 4
-    if on_gpu and tensor_format == "bshd" and _next_pow2(heads) * width * element_size <= 4096:
-        rows = 4096 // (width * element_size)  # whole rows of all heads
-        head_share = _next_pow2(heads)
-        num_warps = 2
     block_h = min(_next_pow2(max(1, heads)), _floor_pow2(max(1, head_share)))
     rows = max(1, rows // block_h)
     block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows),
-                  8 if on_gpu and num_warps == 4 else rows)
+                  rows if max_positions is None else max_positions)
     rows = max(1, rows // block_s)
     block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
     b_blocks = _cdiv(batch, block_b)
