@@ -10,7 +10,7 @@
 #            need -n 4: at 6, 338 of them failed on an H200 on 2026-11-23 and all 2016 passed at 4)
 # latency:   scripts/launch_latency.py
 # bench:     python -m rope_kernels.bench --mode full (set ROPE_PEER_DIR for flash-attn's rotary)
-# notebooks: strict nbval of every notebook, benchmarks measured live
+# notebooks: strict nbval of every notebook, benchmarks measured live (over 4 minutes on an H200)
 set -uo pipefail
 part=${1:?tests|te|latency|bench|notebooks}
 out=${2:-/tmp/rope-gpu}
