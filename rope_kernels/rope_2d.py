@@ -444,11 +444,13 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     (scripts/tile_sweep.py, shown in notebook 04). Returns ``block_s`` positions x ``block_b``
     batch elements x ``block_h`` heads (powers of two), ``group_b`` and ``num_warps``.
 
-    - A tile holds about TILE_BYTES of input (thd: twice that), spent first on heads (at most
-      half the rows; 4 in bshd, where positions are contiguous), then on up to 8 positions, then
-      on batch elements. Interleaved pairs are read one word per pair (``pairs_as_words``) and
-      tiled like half-split ones; layouts that do not allow it (last axis not contiguous, odd
-      strides or offsets) split a [..., HALF, 2] tile, which costs registers: 1 KB tiles.
+    - A tile holds about TILE_BYTES of input, spent first on heads (at most half the rows; 4 in
+      bshd, where positions are contiguous), then on up to 8 positions, then on batch elements.
+      thd tiles hold THD_TILE_ELEMENTS: one token's run of up to 16 heads in 16-bit (2 warps),
+      4 tokens x 4 heads in fp32 (4 warps). Interleaved pairs are read one word per pair
+      (``pairs_as_words``) and tiled like half-split ones; layouts that do not allow it (last
+      axis not contiguous, odd strides or offsets) split a [..., HALF, 2] tile, which costs
+      registers: 1 KB tiles.
     - bshd rows (one position of one batch element, all heads) of at most 4 KB, as at 16 heads
       or head_dim 64 in bf16, are tiled whole: 4 KB tiles of one batch element, 2 warps.
     - ``group_b``: the batch blocks that run side by side, all of them for sbhd (memory order),
@@ -461,7 +463,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
                         interleaved and not pairs_as_words, tensor_format))
 
 
-TILE_BYTES = 8192  # input bytes per program on a GPU (thd: twice that)
+TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
 # thd: more sequences than this -> the per-token pre-pass. On the H200 (65536 tokens, bf16) the
 # search in every tile was ahead at 16 and 64 sequences (0.955/0.950 of copy against 0.944/0.946),
 # the pre-pass from 256 on (0.955 against 0.948; 0.956 against 0.881 at 1024).
@@ -495,8 +497,9 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
         # Rows of tokens are contiguous and nothing is reused across them but the search: small
         # tiles with 64 bytes of input a thread did best. 16-bit: one token's run of up to 16
         # heads, 4 KB on 2 warps; fp32: 4 tokens x 4 heads, 8 KB on 4 warps. (H200, 65536 tokens
-        # in 16-65536 sequences: 0.95-0.975 of copy for the kernel alone, against 0.93 for the
-        # 16 KB tiles used before: scripts/tile_sweep.py, figures/tile_sweep_thd.csv.)
+        # in 16-65536 sequences, the whole call with the pre-pass: 0.945-0.956 in bf16, against
+        # 0.91-0.92 for the 16 KB tiles used before; scripts/tile_sweep.py,
+        # figures/tile_sweep_thd.csv.)
         rows = max(1, THD_TILE_ELEMENTS // width)
         head_share = rows if element_size < 4 else 4
         max_positions = rows
