@@ -465,12 +465,12 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
 # thd: more sequences than this -> the per-token pre-pass. On the H200 (65536 tokens, bf16) the
-# search in every tile was ahead at 16 and 64 sequences (0.955/0.950 of copy against 0.944/0.946),
-# the pre-pass from 256 on (0.955 against 0.948; 0.956 against 0.881 at 1024).
+# search in every tile was ahead at 16 and 64 sequences (0.957/0.953 of copy against 0.943/0.952),
+# the pre-pass from 256 on (0.965 against 0.948; 0.965 against 0.878 at 1024).
 TOKEN_ROWS_ABOVE = 128
 # The pre-pass: 256 tokens a program, 4 warps, 256-ary narrowing. On the H200, for 65536 tokens
-# in 16 to 65536 sequences, it took 5.2-8.3 us alone, where a binary search per token over all
-# sequences took 5.0-11.4 us and one program per sequence (the first design) 44 us at 65536
+# in 16 to 65536 sequences, it took 4.8-9.2 us alone, where a binary search per token over all
+# sequences took 4.3-10.2 us and one program per sequence (the first design) 44 us at 65536
 # sequences (figures/thd_pre_pass.json, scripts/thd_pre_pass.py).
 PRE_PASS_BLOCK = 256
 PRE_PASS_FANOUT = 256
