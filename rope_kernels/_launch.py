@@ -110,7 +110,8 @@ def disable(reason: str) -> None:
 
 
 def thin_launch(kernel, plan, pointers):
-    """Launch ``kernel`` for ``plan`` (grid, scalars, constexprs, num_warps, compiled)."""
+    """Launch ``kernel`` for ``plan`` (grid, scalars, constexprs, num_warps, options: launch
+    options such as ``launch_pdl``, compiled)."""
     if RECORDING is not None:
         RECORDING.append((kernel, plan, pointers))
     thin = ENABLED and not INTERPRETED and _dispatch_is_plain(kernel)
@@ -141,7 +142,7 @@ def thin_launch(kernel, plan, pointers):
                 disable(f"the compiled kernel's launcher rejected the call: {e}")
                 thin = False
     compiled = kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                                 num_warps=plan.num_warps, **getattr(plan, "options", {}))
+                                 num_warps=plan.num_warps, **plan.options)
     if thin:
         seen = plan.compiled.get(key, _MISSING)
         if seen is _MISSING:

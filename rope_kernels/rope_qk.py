@@ -378,12 +378,14 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
 
 class Plan:
     """What a launch needs that follows from shapes, strides and flags, not from data.
-    ``compiled`` is for a launcher that reuses the kernel Triton compiled (the package's)."""
+    ``options``: launch options besides ``num_warps`` (none here; the same fields as rope_2d's
+    Plan). ``compiled`` is for a launcher that reuses the kernel Triton compiled (the package's)."""
 
-    __slots__ = ("grid", "scalars", "constexprs", "num_warps", "compiled")
+    __slots__ = ("grid", "scalars", "constexprs", "num_warps", "options", "compiled")
 
-    def __init__(self, grid, scalars, constexprs, num_warps):
+    def __init__(self, grid, scalars, constexprs, num_warps, options=None):
         self.grid, self.scalars, self.constexprs, self.num_warps = grid, scalars, constexprs, num_warps
+        self.options = options or {}
         self.compiled = {}
 
 
@@ -395,7 +397,7 @@ def launch(kernel, plan: Plan, pointers: Sequence[torch.Tensor]):
     """Launch through Triton's own dispatch. (The rope_kernels package replaces this with a
     launcher that skips Triton's per-call argument analysis; a copy of this file needs none.)"""
     return kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                             num_warps=plan.num_warps)
+                             num_warps=plan.num_warps, **plan.options)
 
 
 def _max_offset(sizes, strides) -> int:

@@ -47,7 +47,7 @@ def _kwargs(fmt):
 def _dispatch(plan, pointers):
     """What Triton's own dispatch launches for this plan (and returns, on a GPU)."""
     return r2.rope_2d_kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
-                                        num_warps=plan.num_warps)
+                                        num_warps=plan.num_warps, **plan.options)
 
 
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
