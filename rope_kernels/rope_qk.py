@@ -60,12 +60,10 @@ def _fast_sincos(x):
 
 
 @triton.jit
-def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
-            ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-            FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
-    """cos/sin of both channels of each pair, [BLOCK_S, HALF] each, for the tokens whose rows
-    start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head."""
-    j = tl.arange(0, HALF)  # [HALF] pair index
+def _pairs(rotary_dim, INTERLEAVED: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
+    """Pair index j [HALF], its mask, and the pair's two channels: half-split (GPT-NeoX) pairs j
+    with j + rotary_dim/2; interleaved (GPT-J) pairs 2j with 2j+1."""
+    j = tl.arange(0, HALF)
     j_mask = j < rotary_dim // 2
     if INT64:
         j = j.to(tl.int64)
@@ -75,6 +73,16 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     else:
         c1 = j
         c2 = j + rotary_dim // 2
+    return j, j_mask, c1, c2
+
+
+@triton.jit
+def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
+            ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+            FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
+    """cos/sin of both channels of each pair, [BLOCK_S, HALF] each, for the tokens whose rows
+    start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head."""
+    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
     sj_mask = s_mask[:, None] & j_mask[None, :]
     row = t_row[:, None]
     if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
@@ -127,19 +135,10 @@ def _rotate_tile(
     h_mask = h < heads
     g = h // n_sub
     u = h % n_sub
-    j = tl.arange(0, HALF)  # [HALF] pair index
-    j_mask = j < rotary_dim // 2
     if INT64:
         g = g.to(tl.int64)
         u = u.to(tl.int64)
-        j = j.to(tl.int64)
-    # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
-    if INTERLEAVED:
-        c1 = 2 * j
-        c2 = 2 * j + 1
-    else:
-        c1 = j
-        c2 = j + rotary_dim // 2
+    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
     # [BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row; channels go on the last axis.
     x_row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
     o_row = (s_idx[:, None] * o_s + (pid_b * o_b + g * o_g + u * o_u)[None, :])[:, :, None]
