@@ -27,6 +27,7 @@ torch.compile, value checks (``validate=True`` with ``start_positions`` or ``cu_
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -46,38 +47,24 @@ _grad_enabled = torch.is_grad_enabled
 
 
 class _Shortcuts:
-    """Per eager call signature, the one launch the full path made: (kernel, plan, and for each
-    pointer argument the index of the call's tensor that it was), or False where the full path
-    did anything else (several launches, a tensor of its own making). Bounded like the plans."""
+    """Per eager call signature, the one launch the full path made: (kernel, plan, ``pick``:
+    from the call's tensors, the kernel's pointer arguments), or False where the full path did
+    anything else (several launches, a tensor of its own making). Bounded like the plans.
+
+    The entry points read ``entries`` inline (``entries.get(key)``, then ``thin_launch(kernel,
+    plan, pick(tensors))``): a method call per step is a measurable part of a decode-sized call.
+    """
 
     def __init__(self):
         self.enabled = True  # False: every call takes the full path
         self.entries: dict = {}
 
-    def lookup(self, key):
-        """(the launch remembered for ``key`` or None, the key under which the full path is to
-        be recorded or None). A key of None, an unhashable one (the checks will name the
-        argument) or one whose full path cannot be remembered gives (None, None)."""
-        if key is None:
-            return None, None
-        try:
-            entry = self.entries.get(key)
-        except TypeError:
-            return None, None
-        if entry is None:
-            return None, key
-        return entry or None, None
-
-    def replay(self, entry, tensors) -> None:
-        kernel, plan, slots = entry
-        _launch.thin_launch(kernel, plan, [tensors[i] for i in slots])
-
     def full_path(self, key, run, tensors_of):
-        """``run()`` (the full path); with a ``key`` from ``lookup``, while recording its
-        launches, remembering them for ``key`` if there was one whose pointers are all among
-        ``tensors_of(result)``, by identity. (The recording is process-wide: a launch from
-        another thread meanwhile fails the identity check, and the signature then simply keeps
-        the full path.)"""
+        """``run()`` (the full path); with a ``key`` (the signature, not yet in ``entries``),
+        while recording its launches, remembering them for ``key`` if there was one whose
+        pointers are all among ``tensors_of(result)``, by identity. (The recording is
+        process-wide: a launch from another thread meanwhile fails the identity check, and the
+        signature then simply keeps the full path.)"""
         if key is None:
             return run()
         recording = _launch.RECORDING = []
@@ -91,7 +78,11 @@ class _Shortcuts:
             tensors = tensors_of(result)
             slots = [next((i for i, x in enumerate(tensors) if x is p), None) for p in pointers]
             if None not in slots:
-                entry = (kernel, plan, tuple(slots))
+                # itemgetter of two or more slots returns their tuple (a kernel has several
+                # pointer arguments).
+                pick = (operator.itemgetter(*slots) if len(slots) > 1
+                        else lambda xs, i=slots[0]: (xs[i],))
+                entry = (kernel, plan, pick)
         if len(self.entries) >= 4096:
             self.entries.clear()
         self.entries[key] = entry
@@ -168,10 +159,10 @@ def apply_rotary_pos_emb(
         A new contiguous tensor of ``t``'s shape and dtype; ``t`` is never modified.
     """
     key = None
-    if (fused is True and _SHORTCUTS.enabled and not _is_compiling() and type(t) is _Tensor
-            and type(freqs) is _Tensor
-            and not (_grad_enabled() and (t.requires_grad or freqs.requires_grad))
-            and (not validate or (start_positions is None and cu_seqlens is None))):
+    if (fused is True and type(t) is _Tensor and type(freqs) is _Tensor and _SHORTCUTS.enabled
+            and (not validate or (start_positions is None and cu_seqlens is None))
+            and not _is_compiling()
+            and not (_grad_enabled() and (t.requires_grad or freqs.requires_grad))):
         # An eager call that launches once: the shortcut's key is everything the checks and the
         # launcher's plan depend on (the address modulo 16: interleaved pairs read as words).
         try:
@@ -183,15 +174,19 @@ def apply_rotary_pos_emb(
                    None if cu_seqlens is None else _tensor_meta(cu_seqlens),
                    interleaved, type(interleaved), cp_size, type(cp_size), cp_rank,
                    type(cp_rank), kernel, type(kernel), type(tensor_format))
+            entry = _SHORTCUTS.entries.get(key)
         except (AttributeError, TypeError):  # an argument of another type: let the checks say
+            key = entry = None
+        if entry:
+            # (A contiguous t's own layout is the contiguous one, and cheaper to ask for.)
+            out = (torch.empty_like(t) if t.is_contiguous()
+                   else torch.empty_like(t, memory_format=torch.contiguous_format))
+            launch_kernel, plan, pick = entry
+            _launch.thin_launch(launch_kernel, plan,
+                                pick((t, freqs, out, start_positions, cu_seqlens)))
+            return out
+        if entry is False:  # a signature whose full path is not one launch
             key = None
-    entry, key = _SHORTCUTS.lookup(key)
-    if entry:
-        # (A contiguous t's own layout is the contiguous one, and cheaper to ask for.)
-        out = (torch.empty_like(t) if t.is_contiguous()
-               else torch.empty_like(t, memory_format=torch.contiguous_format))
-        _SHORTCUTS.replay(entry, (t, freqs, out, start_positions, cu_seqlens))
-        return out
     compiling = torch.compiler.is_compiling()
     validate_rope_args(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
                        cp_rank, kernel_dtypes_only=fused,
@@ -315,12 +310,17 @@ def apply_rope_with_cos_sin_cache(
         New contiguous ``(query_out, key_out)`` of the inputs' shapes, from one kernel launch;
         the inputs are not modified. Differentiable with respect to query and key.
     """
-    entry, sig = _SHORTCUTS.lookup(_cache_shortcut_key(positions, query, key, head_size,
-                                                       cos_sin_cache, is_neox, validate, False))
+    sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                 validate, False)
     if entry:
-        query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
-        key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
-        _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache, query_out, key_out))
+        # (As in apply_rotary_pos_emb: a contiguous input's own layout is the contiguous one.)
+        query_out = (torch.empty_like(query) if query.is_contiguous()
+                     else torch.empty_like(query, memory_format=torch.contiguous_format))
+        key_out = (torch.empty_like(key) if key.is_contiguous()
+                   else torch.empty_like(key, memory_format=torch.contiguous_format))
+        launch_kernel, plan, pick = entry
+        _launch.thin_launch(launch_kernel, plan,
+                            pick((positions, query, key, cos_sin_cache, query_out, key_out)))
         return query_out, key_out
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
@@ -337,21 +337,27 @@ def apply_rope_with_cos_sin_cache(
                                 lambda out: (positions, query, key, cos_sin_cache, *out))
 
 
-def _cache_shortcut_key(positions, query, key, head_size, cos_sin_cache, is_neox, validate,
-                        in_place):
-    """The shortcut key of an eager apply_rope_with_cos_sin_cache(_inplace) call, or None."""
-    if (not _SHORTCUTS.enabled or _is_compiling()
-            or (validate and positions.numel() if type(positions) is _Tensor else True)
-            or type(query) is not _Tensor or type(key) is not _Tensor
+def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, validate,
+                    in_place):
+    """(the shortcut key of an eager apply_rope_with_cos_sin_cache(_inplace) call or None, its
+    entry or None): the key is None where the call cannot take the shortcut or its full path is
+    not one launch, the entry None where it is not known yet."""
+    if (not _SHORTCUTS.enabled or type(query) is not _Tensor or type(key) is not _Tensor
             or type(cos_sin_cache) is not _Tensor
+            or (validate and positions.numel() if type(positions) is _Tensor else True)
+            or _is_compiling()
             or (_grad_enabled() and (query.requires_grad or key.requires_grad
                                      or cos_sin_cache.requires_grad))):
-        return None
-    # (An unhashable head_size or is_neox: _Shortcuts.lookup lets the checks name it.)
-    return (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
-            key.dtype, key.device, positions.shape, positions.stride(), positions.dtype,
-            positions.device, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.dtype,
-            cos_sin_cache.device, head_size, type(head_size), is_neox, type(is_neox), in_place)
+        return None, None
+    sig = (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
+           key.dtype, key.device, positions.shape, positions.stride(), positions.dtype,
+           positions.device, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.dtype,
+           cos_sin_cache.device, head_size, type(head_size), is_neox, type(is_neox), in_place)
+    try:
+        entry = _SHORTCUTS.entries.get(sig)
+    except TypeError:  # an unhashable head_size or is_neox: let the checks name it
+        return None, None
+    return (None if entry is False else sig), entry
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -366,10 +372,11 @@ def apply_rope_with_cos_sin_cache_inplace(
 ) -> None:
     """``apply_rope_with_cos_sin_cache`` writing into ``query`` and ``key`` (FlashInfer's
     in-place variant, what vLLM calls): one launch, no allocation, not differentiable."""
-    entry, sig = _SHORTCUTS.lookup(_cache_shortcut_key(positions, query, key, head_size,
-                                                       cos_sin_cache, is_neox, validate, True))
+    sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                 validate, True)
     if entry:
-        _SHORTCUTS.replay(entry, (positions, query, key, cos_sin_cache))
+        launch_kernel, plan, pick = entry
+        _launch.thin_launch(launch_kernel, plan, pick((positions, query, key, cos_sin_cache)))
         return
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,

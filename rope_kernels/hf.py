@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops
+from . import _launch, _ops
+from . import api as _api
 from . import rope_qk as _qk
 from ._validate import validate_hf_args
 
 __all__ = ["apply_rotary_pos_emb"]
+
+_Tensor = torch.Tensor
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -40,6 +43,31 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         float32 from the given cos and sin (transformers computes in the model's dtype, so
         16-bit results may differ from it by an ulp). Differentiable with respect to q and k.
     """
+    # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
+    # per layer with the same signature): its key is everything the checks and the plan depend on.
+    shortcuts = _api._SHORTCUTS
+    sig = None
+    if (type(q) is _Tensor and type(k) is _Tensor and type(cos) is _Tensor
+            and type(sin) is _Tensor and shortcuts.enabled and not _api._is_compiling()
+            and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
+                                               or cos.requires_grad or sin.requires_grad))):
+        sig = ("hf", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
+               k.device, cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(),
+               sin.dtype, sin.device, unsqueeze_dim, type(unsqueeze_dim))
+        try:
+            entry = shortcuts.entries.get(sig)
+        except TypeError:  # an unhashable unsqueeze_dim: let the checks name it
+            sig = entry = None
+        if entry:
+            q_embed = (torch.empty_like(q) if q.is_contiguous()
+                       else torch.empty_like(q, memory_format=torch.contiguous_format))
+            k_embed = (torch.empty_like(k) if k.is_contiguous()
+                       else torch.empty_like(k, memory_format=torch.contiguous_format))
+            kernel, plan, pick = entry
+            _launch.thin_launch(kernel, plan, pick((q, k, cos, sin, q_embed, k_embed)))
+            return q_embed, k_embed
+        if entry is False:  # its full path is not one launch
+            sig = None
     validate_hf_args(q, k, cos, sin, unsqueeze_dim)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
@@ -48,4 +76,5 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if torch.compiler.is_compiling() or (torch.is_grad_enabled()
                                          and (q.requires_grad or k.requires_grad)):
         return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False)
-    return _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim)
+    return shortcuts.full_path(sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim),
+                               lambda out: (q, k, cos, sin, *out))

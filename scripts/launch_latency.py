@@ -1,12 +1,15 @@
 """Where the microseconds of a decode-sized RoPE call go, for every entry point (GPU only).
 
-    python scripts/launch_latency.py [--out figures/launch_latency.json]
+    python scripts/launch_latency.py [--out figures/launch_latency.json] [--rounds 5]
 
 Each row is the time per call of a Python loop of back-to-back calls (CUDA events around 2000
 calls, best of 3), i.e. max(host time, GPU time): at decode size the GPU work is ~2 us, so this is
-the host's cost of the call. Shapes: 64 sequences of one token, 32 heads (q+k: 32 q and 8 k heads),
-head_dim 128, bf16. Also the host-only pieces (argument checks, the plan lookup), timed with
-time.perf_counter, so the rows can be read as sums.
+the host's cost of the call. Host time on the lent machines drifts by several microseconds for
+seconds at a time, so the rows are timed in --rounds (5) rounds, every row once a round, and each
+row reports its minimum over the rounds (``us_per_call``) and its maximum (``us_per_call_max``).
+Shapes: 64 sequences of one token, 32 heads (q+k: 32 q and 8 k heads), head_dim 128, bf16. Also
+the host-only pieces (argument checks, the plan lookup), timed with time.perf_counter, so the rows
+can be read as sums.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from rope_kernels._validate import validate_rope_args
 from rope_kernels.bench import graph_replay as graph_of, provenance, time_per_call_us
 
 
+ROUNDS = 5
+
+
 def host_us(fn, n=20000) -> float:
     for _ in range(100):
         fn()
@@ -37,6 +43,7 @@ def host_us(fn, n=20000) -> float:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args(argv)
     dev = torch.device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -44,13 +51,16 @@ def main(argv=None):
     t = torch.randn(b, 1, h, d, device=dev, dtype=torch.bfloat16, generator=g)
     freqs = rk.RotaryPositionEmbedding(d, device=dev)(4096)
     starts = torch.randint(0, 4000, (b,), device=dev, dtype=torch.int32, generator=g)
-    rows = {}
+    # (name, fn, host-only?, switches: (object, attribute, value) set while the row is timed)
+    registered = []
+    # torch.compile's rows come last: in one run (H200, 2026-11-23) the eager calls timed after
+    # a compiled one were up to 6 us slower than in a fresh process.
+    compile_rows = []
 
-    def row(name, fn, host=False):
-        rows[name] = round(host_us(fn) if host else time_per_call_us(fn), 2)
-        print(f"{rows[name]:8.2f} us  {name}")
+    def row(name, fn, host=False, switches=()):
+        registered.append((name, fn, host, switches))
 
-    print("TransformerEngine-style apply_rotary_pos_emb, bshd [64, 1, 32, 128] bf16")
+    # TransformerEngine-style apply_rotary_pos_emb, bshd [64, 1, 32, 128] bf16
     row("torch.empty_like(t) alone", lambda: torch.empty_like(t))
     for label, sp in (("with start_positions", starts), ("no start_positions", None)):
         call = lambda sp=sp: rk.apply_rotary_pos_emb(t, freqs, "bshd", sp, fused=True)  # noqa: E731
@@ -58,23 +68,22 @@ def main(argv=None):
                                                      validate=False)
         row(f"te {label}: default call (values checked: host copy)", call)
         row(f"te {label}: validate=False", fast)
-        rk.api._SHORTCUTS.enabled = False
-        row(f"te {label}: validate=False, full path (no shortcut)", fast)
-        rk.api._SHORTCUTS.enabled = True
+        row(f"te {label}: validate=False, full path (no shortcut)", fast,
+            switches=[(rk.api._SHORTCUTS, "enabled", False)])
         row(f"te {label}: rope_2d directly (no checks)", lambda sp=sp: rk.rope_2d(t, freqs, "bshd", sp))
         row(f"te {label}: torch.ops.rope_kernels.rope (the dispatcher)",
             lambda sp=sp: _ops.rope(t, freqs, "bshd", sp, False, None, 1, 0, "2d", False))
-        _launch.ENABLED = False
-        row(f"te {label}: validate=False, Triton's own dispatch (thin launch off)", fast)
-        _launch.ENABLED = True
+        row(f"te {label}: validate=False, Triton's own dispatch (thin launch off)", fast,
+            switches=[(_launch, "ENABLED", False)])
         row(f"te {label}: CUDA graph replay of the default call", graph_of(call))
-        compiled = torch.compile(call, mode="reduce-overhead", fullgraph=True)
-        row(f"te {label}: torch.compile(mode='reduce-overhead') of the default call", compiled)
+        compile_rows.append((f"te {label}: torch.compile(mode='reduce-overhead') of the default "
+                             "call", call))
     # The thin launch taken apart, on the plan of the last rope_2d call.
     import importlib
 
     r2 = importlib.import_module("rope_kernels.rope_2d")
-    rk.rope_2d(t, freqs, "bshd")
+    for _ in range(3):  # the thin path owns a plan's kernel from the third call on
+        rk.rope_2d(t, freqs, "bshd")
     plan = r2._PLANS[next(reversed(r2._PLANS))]
     pointers = (t, freqs, torch.empty_like(t), t, t)
     entry = next(v for v in plan.compiled.values() if isinstance(v, tuple))
@@ -105,7 +114,7 @@ def main(argv=None):
     row("host only: value checks of start_positions (host copy)",
         lambda: validate_rope_args(t, freqs, "bshd", starts, False, None, 1, 0, True, True), True)
 
-    print("\nFlashInfer-style apply_rope_with_cos_sin_cache: 64 tokens, 32 q + 8 k heads")
+    # FlashInfer-style apply_rope_with_cos_sin_cache: 64 tokens, 32 q + 8 k heads
     q = torch.randn(b, h * d, device=dev, dtype=torch.bfloat16, generator=g)
     k = torch.randn(b, hk * d, device=dev, dtype=torch.bfloat16, generator=g)
     f = freqs[:, 0, 0, : d // 2]
@@ -118,9 +127,8 @@ def main(argv=None):
     inplace = lambda: rk.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, cache,  # noqa: E731
                                                                validate=False)
     row("cache: in place, validate=False", inplace)
-    rk.api._SHORTCUTS.enabled = False
-    row("cache: in place, validate=False, full path (no shortcut)", inplace)
-    rk.api._SHORTCUTS.enabled = True
+    row("cache: in place, validate=False, full path (no shortcut)", inplace,
+        switches=[(rk.api._SHORTCUTS, "enabled", False)])
     row("cache: rope_qk.rope_cos_sin_cache directly", lambda: rope_qk.rope_cos_sin_cache(
         positions, q, k, d, cache))
     row("cache: CUDA graph replay of the in-place default call", graph_of(
@@ -135,18 +143,42 @@ def main(argv=None):
     except Exception as e:  # noqa: BLE001
         print("Liger-Kernel not timed:", type(e).__name__, e)
 
-    print("\nHugging Face-style hf.apply_rotary_pos_emb: q [64, 32, 1, 128], k [64, 8, 1, 128]")
+    # Hugging Face-style hf.apply_rotary_pos_emb: q [64, 32, 1, 128], k [64, 8, 1, 128]
     qh, kh = q.view(b, 1, h, d).transpose(1, 2), k.view(b, 1, hk, d).transpose(1, 2)
     ang = torch.cat((f, f), -1)[positions][:, None]
     cos, sin = ang.cos().bfloat16(), ang.sin().bfloat16()
     row("hf: apply_rotary_pos_emb", lambda: rk.hf.apply_rotary_pos_emb(qh, kh, cos, sin))
 
-    print("\nTransformerEngine-style apply_fused_qkv_rotary_pos_emb: qkv [1, 64, 8, 6 * 128] sbhd")
+    # TransformerEngine-style apply_fused_qkv_rotary_pos_emb: qkv [1, 64, 8, 6 * 128] sbhd
     qkv = torch.randn(1, b, hk, 6 * d, device=dev, dtype=torch.bfloat16, generator=g)
     row("qkv: validate=False", lambda: rk.apply_fused_qkv_rotary_pos_emb(
         qkv, freqs, freqs, [4 * d, d, d], validate=False))
 
+    def measure(group):
+        values = {name: [] for name, *_ in group}
+        for _ in range(args.rounds):
+            for name, fn, host, switches in group:
+                saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in switches]
+                for obj, attr, value in switches:
+                    setattr(obj, attr, value)
+                try:
+                    values[name].append(host_us(fn) if host else time_per_call_us(fn))
+                finally:
+                    for obj, attr, value in saved:
+                        setattr(obj, attr, value)
+        return values
+
+    print(f"timing {len(registered)} rows, {args.rounds} rounds")
+    rounds = measure(registered)
+    rounds.update(measure([(name, torch.compile(call, mode="reduce-overhead", fullgraph=True),
+                            False, ()) for name, call in compile_rows]))
+    rows = {name: round(min(v), 2) for name, v in rounds.items()}
+    spread = {name: round(max(v), 2) for name, v in rounds.items()}
+    for name in rows:
+        print(f"{rows[name]:8.2f} us  (max {spread[name]:7.2f})  {name}")
+
     result = {"provenance": provenance(0.0, "launch_latency"), "us_per_call": rows,
+              "us_per_call_max": spread, "rounds": args.rounds,
               "triton": triton.__version__, "thin_launch_enabled_at_end": _launch.ENABLED}
     result["provenance"].pop("copy_gbps")
     result["provenance"]["command"] = "python scripts/launch_latency.py"

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from conftest import DEVICE, assert_rope_close, randn
+import rope_kernels.hf
 from rope_kernels import (RotaryPositionEmbedding, api, apply_rope_with_cos_sin_cache,
                           apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb,
-                          rope_reference)
+                          rope_reference, rotate_half)
 from test_serving import make_cache, reference as cache_reference
 
 
@@ -194,6 +195,56 @@ def test_cache_calls_through_the_shortcut_match_reference(in_place, is_neox, sho
         assert_rope_close(q_out, q_ref, torch.bfloat16, f"query, call {call}")
         assert_rope_close(k_out, k_ref, torch.bfloat16, f"key, call {call}")
     assert len(_entries(shortcuts)) == 1
+
+
+def _hf_inputs(seed, rotary_dim=16):
+    """q [2, 4, 5, 24] and k [2, 2, 5, 24] as transposed views of [b, s, h, d] projections (as in
+    transformers' attention), cos/sin [2, 5, rotary_dim] at random positions."""
+    b, s, q_heads, k_heads, head_dim = 2, 5, 4, 2, 24
+    q = randn((b, s, q_heads, head_dim), torch.bfloat16, seed).transpose(1, 2)
+    k = randn((b, s, k_heads, head_dim), torch.bfloat16, seed + 1).transpose(1, 2)
+    angles = randn((b, s, rotary_dim // 2), torch.float32, seed + 2) * 8
+    angles = torch.cat((angles, angles), -1)
+    return q, k, angles.cos(), angles.sin()
+
+
+def _hf_reference(x, cos, sin):
+    """transformers' formula in float64, partial rotary included."""
+    cos, sin = cos.double()[:, None], sin.double()[:, None]
+    rot = x.double()[..., : cos.shape[-1]]
+    return torch.cat((rot * cos + rotate_half(rot) * sin, x.double()[..., cos.shape[-1]:]), -1)
+
+
+def test_hf_calls_through_the_shortcut_match_reference(shortcuts, seed):
+    for call in range(3):
+        q, k, cos, sin = _hf_inputs(seed + 10 * call)
+        before = (q.clone(), k.clone())
+        q_embed, k_embed = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+        assert torch.equal(q, before[0]) and torch.equal(k, before[1]), "an input was modified"
+        assert q_embed.is_contiguous() and q_embed.shape == q.shape and k_embed.shape == k.shape
+        assert_rope_close(q_embed, _hf_reference(q, cos, sin), torch.bfloat16, f"q, call {call}")
+        assert_rope_close(k_embed, _hf_reference(k, cos, sin), torch.bfloat16, f"k, call {call}")
+    assert len(_entries(shortcuts)) == 1
+
+
+def test_hf_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
+    """After the first call, a call of the same signature skips the checks and the planning
+    (both made to fail here); a call that needs autograd still takes the full path."""
+    q, k, cos, sin = _hf_inputs(seed)
+    rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the full path ran")
+
+    with monkeypatch.context() as m:
+        m.setattr(rope_kernels.hf, "validate_hf_args", fail)
+        m.setattr(rope_kernels.hf._qk, "rope_cos_sin", fail)
+        q2, k2, cos2, sin2 = _hf_inputs(seed + 1)
+        q_embed, _ = rope_kernels.hf.apply_rotary_pos_emb(q2, k2, cos2, sin2)
+    assert_rope_close(q_embed, _hf_reference(q2, cos2, sin2), torch.bfloat16)
+    x = q2.detach().float().requires_grad_()
+    q_embed, _ = rope_kernels.hf.apply_rotary_pos_emb(x, k2.float(), cos2, sin2)
+    assert q_embed.grad_fn is not None
 
 
 def test_cache_positions_are_checked_unless_validate_is_false(shortcuts):
