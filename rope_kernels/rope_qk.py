@@ -510,8 +510,9 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
     same_table = k_freqs.data_ptr() == q_freqs.data_ptr()  # (same shape and strides: checked)
     h = k.shape[2]
     sig = ("qkv", qkv_like.shape, qkv_like.stride(), q.stride(), k.stride(), v.stride(),
-           qkv_like.dtype, qkv_like.device, tuple(splits), tensor_format, q_freqs.shape[-1],
-           q_freqs.stride(), None if start_positions is None else start_positions.dtype,
+           qkv_like.dtype, q.dtype, k.dtype, v.dtype, qkv_like.device, tuple(splits),
+           tensor_format, q_freqs.shape[-1], q_freqs.stride(), q_freqs.dtype, k_freqs.dtype,
+           None if start_positions is None else start_positions.dtype,
            bool(interleaved), cp_size, cp_rank, bool(backward), same_table)
 
     def make_plan():
@@ -614,10 +615,12 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
         k_out_strides = key_out.stride()
     if query.numel() == 0 and key.numel() == 0:
         return query_out, key_out
+    # Every pointer's dtype is in the key: a launcher that reuses the kernel compiled for a plan
+    # (the package's) relies on the plan fixing everything Triton specialises on.
     sig = ("cache", query.shape, query.stride(), q_out_strides, key.shape, key.stride(),
-           k_out_strides, query.dtype, query.device, positions.stride(), positions.dtype,
-           cos_sin_cache.stride(), cos_sin_cache.shape[-1], head_size, bool(is_neox),
-           bool(backward))
+           k_out_strides, query.dtype, key.dtype, query_out.dtype, key_out.dtype, query.device,
+           positions.stride(), positions.dtype, cos_sin_cache.stride(), cos_sin_cache.dtype,
+           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward))
 
     def make_plan():
         (q_sizes, q_in), (k_sizes, k_in) = (_tokens_heads(query, head_size),
@@ -658,8 +661,8 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         return q_out, k_out
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, q.device, cos.shape,
-           cos.stride(), cos.dtype, heads_axis, bool(backward))
+    sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
+           cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward))
 
     def make_plan():
         q_sizes, q_in = _sbhd_of_hf(q, heads_axis)

@@ -17,7 +17,7 @@ import torch
 from conftest import DEVICE, assert_rope_close, randn
 import rope_kernels.hf
 from rope_kernels import (RotaryPositionEmbedding, api, apply_rope_with_cos_sin_cache,
-                          apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb,
+                          apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb, rope_qk,
                           rope_reference, rotate_half)
 from test_serving import make_cache, reference as cache_reference
 
@@ -245,6 +245,22 @@ def test_hf_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
     x = q2.detach().float().requires_grad_()
     q_embed, _ = rope_kernels.hf.apply_rotary_pos_emb(x, k2.float(), cos2, sin2)
     assert q_embed.grad_fn is not None
+
+
+def test_hf_calls_differing_only_in_sin_dtype_get_their_own_plan(shortcuts, seed, monkeypatch):
+    """cos and sin may have different dtypes (each is read as it is). A call that differs from
+    earlier ones only in sin's dtype must get its own plan: on a GPU the package's thin launch
+    reuses the kernel compiled for a plan, and that kernel reads sin as the earlier dtype."""
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    q, k, cos, sin = _hf_inputs(seed)
+    cos16, sin16 = cos.to(torch.bfloat16), sin.to(torch.bfloat16)
+    for _ in range(3):  # from the third call on, the plan's kernel is reused without dispatch
+        rope_kernels.hf.apply_rotary_pos_emb(q, k, cos16, sin16)
+    assert len(rope_qk._PLANS) == 1
+    q_embed, k_embed = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos16, sin)  # sin float32
+    assert len(rope_qk._PLANS) == 2
+    assert_rope_close(q_embed, _hf_reference(q, cos16, sin), torch.bfloat16, "q")
+    assert_rope_close(k_embed, _hf_reference(k, cos16, sin), torch.bfloat16, "k")
 
 
 def test_cache_positions_are_checked_unless_validate_is_false(shortcuts):
