@@ -229,6 +229,12 @@ def rope_1d(
         # rounded down to a power of two: it is the size of a tl.arange
         block_rows = min(_next_pow2(n_rows), 1 << max(0, rows.bit_length() - 1))
     is_thd = tensor_format == "thd"
+    # The kernel reads cu_seqlens and start_positions with stride 1: a strided view (such as
+    # position_ids[:, 0]) is copied first.
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()
+    if start_positions is not None:
+        start_positions = start_positions.contiguous()
     n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(n_rows * head_dim, _max_offset(sizes, x_strides), _max_offset(sizes, o_strides),

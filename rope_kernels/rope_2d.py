@@ -725,6 +725,12 @@ def rope_2d(
         _canonical(t, tensor_format)  # still reject an unknown tensor_format
         return out
     is_thd = tensor_format == "thd"
+    # The kernels read cu_seqlens and start_positions with stride 1: a strided view (such as
+    # position_ids[:, 0]) is copied first.
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.contiguous()
+    if start_positions is not None:
+        start_positions = start_positions.contiguous()
     # Interleaved pairs are read one word per pair where the layout allows (this depends on the
     # addresses too, so it is part of the key).
     words = bool(interleaved) and _pairs_as_words(t, out)

@@ -507,6 +507,8 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
     reads ``qkv_like`` and writes q, k, v; backward reads q, k, v and writes ``qkv_like``."""
     if k_freqs.stride() != q_freqs.stride():
         q_freqs, k_freqs = q_freqs.contiguous(), k_freqs.contiguous()
+    if start_positions is not None:  # read with stride 1: a strided view is copied first
+        start_positions = start_positions.contiguous()
     same_table = k_freqs.data_ptr() == q_freqs.data_ptr()  # (same shape and strides: checked)
     h = k.shape[2]
     sig = ("qkv", qkv_like.shape, qkv_like.stride(), q.stride(), k.stride(), v.stride(),

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import DEVICE, ON_GPU, assert_rope_close, randn
-from rope_kernels import RotaryPositionEmbedding, rope_1d, rope_2d, rope_reference
+from rope_kernels import (RotaryPositionEmbedding, apply_rotary_pos_emb, rope_1d, rope_2d,
+                          rope_reference)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SETTINGS = settings(max_examples=60 if ON_GPU else 30, deadline=None, derandomize=False,
@@ -37,6 +38,18 @@ def _strided_view(draw, shape, dtype, seed):
     return view
 
 
+def _strided_vector(draw, x):
+    """1-D ``x`` as a view with a drawn stride and offset into a bigger buffer, as
+    ``position_ids[:, 0]`` is; the elements between hold -7, which a kernel that ignores the
+    stride would read as a position or a sequence boundary."""
+    step = draw(st.sampled_from([1, 1, 2, 3]))
+    offset = draw(st.integers(0, 2))
+    buf = torch.full((offset + x.numel() * step,), -7, dtype=x.dtype, device=x.device)
+    view = buf[offset::step]
+    view.copy_(x)
+    return view
+
+
 @st.composite
 def rope_case(draw):
     fmt = draw(st.sampled_from(["sbhd", "bshd", "thd"]))
@@ -54,7 +67,7 @@ def rope_case(draw):
         n_seqs = draw(st.integers(1, 5))
         lengths = [draw(st.integers(0, 9)) * 2 * cp_size for _ in range(n_seqs)]
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
-        kw["cu_seqlens"] = cu.to(DEVICE)
+        kw["cu_seqlens"] = _strided_vector(draw, cu.to(DEVICE))
         shape = (int(cu[-1]) // cp_size, heads, head_dim)
         longest, n_starts = max(lengths), n_seqs
     else:
@@ -66,7 +79,7 @@ def rope_case(draw):
     if cp_size == 1 and draw(st.booleans()):
         margin = draw(st.integers(0, 7))
         starts = torch.randint(0, margin + 1, (n_starts,), generator=g, dtype=torch.int32)
-        kw["start_positions"] = starts.to(DEVICE)
+        kw["start_positions"] = _strided_vector(draw, starts.to(DEVICE))
     extra_rows = draw(st.integers(0, 5))
     # RotaryPositionEmbedding(head_dim, rotary_percent) builds the table of dim = rotary_dim.
     emb = RotaryPositionEmbedding(rotary_dim, interleaved=interleaved,
@@ -103,6 +116,31 @@ def test_forward_and_backward_match_float64_reference(kernel, case, config, bloc
     # Backward: the kernel with sin negated must equal autograd's vector-Jacobian product.
     ref.backward(grad.double())
     assert_rope_close(run(grad, True), t64.grad, dtype, "backward")
+
+
+@pytest.mark.parametrize("kernel", ["1d", "2d"])
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+def test_strided_start_positions_and_cu_seqlens(kernel, fmt, seed):
+    """start_positions and cu_seqlens taken as strided views (``position_ids[:, 0]``, every other
+    entry of a buffer whose other entries are poison): through the public function, forward and
+    backward against the float64 reference."""
+    freqs = RotaryPositionEmbedding(16, device=DEVICE)(40)
+    poisoned = lambda values: torch.tensor(  # noqa: E731
+        [v for x in values for v in (x, -7)], dtype=torch.int32, device=DEVICE)[::2]
+    kw = {"start_positions": poisoned([5, 0, 17])}  # 3 batch elements, or 3 sequences (thd)
+    shape = {"sbhd": (6, 3, 2, 16), "bshd": (3, 6, 2, 16), "thd": (11, 2, 16)}[fmt]
+    if fmt == "thd":
+        kw["cu_seqlens"] = poisoned([0, 4, 4, 11])
+    t = randn(shape, torch.float32, seed).requires_grad_(True)
+    assert kw["start_positions"].stride() == (2,)
+    out = apply_rotary_pos_emb(t, freqs, fmt, fused=True, kernel=kernel, **kw)
+    t64 = t.detach().double().requires_grad_(True)
+    ref = rope_reference(t64, freqs, fmt, **kw)
+    assert_rope_close(out, ref, torch.float32, "forward")
+    grad = randn(shape, torch.float32, seed + 1)
+    ref.backward(grad.double())
+    (dt,) = torch.autograd.grad(out, t, grad)
+    assert_rope_close(dt, t64.grad, torch.float32, "backward")
 
 
 @pytest.mark.parametrize("launcher", [rope_1d, rope_2d], ids=["1d", "2d"])

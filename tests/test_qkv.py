@@ -76,6 +76,30 @@ def test_fused_qkv_rope(dtype, seq_length, hidden_size, rotary_percent, margin, 
         assert_rope_close(x.grad, x64.grad, dtype, "gradient")
 
 
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
+def test_strided_start_positions(tensor_format, seed):
+    """start_positions as a strided view (``position_ids[:, 0]``; the entries between are
+    poison), forward and backward."""
+    splits = [48, 24, 24]
+    qkv = randn((5, 2, 2, 96), torch.float32, seed)
+    if tensor_format == "bshd":
+        qkv = qkv.transpose(0, 1).contiguous()
+    starts = torch.tensor([[3, -7], [11, -7]], dtype=torch.int32, device=DEVICE)[:, 0]
+    assert starts.stride() == (2,)
+    emb = RotaryPositionEmbedding(24, device=DEVICE)(20)
+    kw = dict(tensor_format=tensor_format, start_positions=starts)
+    x = qkv.detach().requires_grad_(True)
+    x64 = qkv.detach().double().requires_grad_(True)
+    outs = apply_fused_qkv_rotary_pos_emb(x, emb, emb, splits, **kw)
+    refs = _reference(x64, emb, emb, splits, **kw)
+    for name, o, r in zip("qkv", outs, refs):
+        assert_rope_close(o, r, torch.float32, name)
+    weights = [randn(o.shape, torch.float32, seed + i) for i, o in enumerate(outs)]
+    _loss(outs, weights).backward()
+    _loss(refs, [w.double() for w in weights]).backward()
+    assert_rope_close(x.grad, x64.grad, torch.float32, "gradient")
+
+
 def test_one_launch_each_way_any_strides_input_untouched(seed, monkeypatch):
     """Forward and backward are one launch each; qkv given as a strided view (heads and batch
     transposed in memory) is read through its strides and never modified; outputs poisoned
