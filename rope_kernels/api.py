@@ -92,6 +92,13 @@ class _Shortcuts:
 _SHORTCUTS = _Shortcuts()
 
 
+def _empty_contiguous_like(x):
+    """A new contiguous tensor of ``x``'s shape and dtype (a contiguous ``x``'s own layout is the
+    contiguous one, and cheaper to ask for): the shortcuts' outputs, as the launchers make them."""
+    return (torch.empty_like(x) if x.is_contiguous()
+            else torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
 def _tensor_meta(x):
     """Hashable metadata of a tensor argument, for a shortcut key (raises AttributeError for
     anything else, which then takes the full path)."""
@@ -178,9 +185,7 @@ def apply_rotary_pos_emb(
         except (AttributeError, TypeError):  # an argument of another type: let the checks say
             key = entry = None
         if entry:
-            # (A contiguous t's own layout is the contiguous one, and cheaper to ask for.)
-            out = (torch.empty_like(t) if t.is_contiguous()
-                   else torch.empty_like(t, memory_format=torch.contiguous_format))
+            out = _empty_contiguous_like(t)
             launch_kernel, plan, pick = entry
             _launch.thin_launch(launch_kernel, plan,
                                 pick((t, freqs, out, start_positions, cu_seqlens)))
@@ -313,11 +318,7 @@ def apply_rope_with_cos_sin_cache(
     sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
                                  validate, False)
     if entry:
-        # (As in apply_rotary_pos_emb: a contiguous input's own layout is the contiguous one.)
-        query_out = (torch.empty_like(query) if query.is_contiguous()
-                     else torch.empty_like(query, memory_format=torch.contiguous_format))
-        key_out = (torch.empty_like(key) if key.is_contiguous()
-                   else torch.empty_like(key, memory_format=torch.contiguous_format))
+        query_out, key_out = _empty_contiguous_like(query), _empty_contiguous_like(key)
         launch_kernel, plan, pick = entry
         _launch.thin_launch(launch_kernel, plan,
                             pick((positions, query, key, cos_sin_cache, query_out, key_out)))

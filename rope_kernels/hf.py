@@ -59,10 +59,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         except TypeError:  # an unhashable unsqueeze_dim: let the checks name it
             sig = entry = None
         if entry:
-            q_embed = (torch.empty_like(q) if q.is_contiguous()
-                       else torch.empty_like(q, memory_format=torch.contiguous_format))
-            k_embed = (torch.empty_like(k) if k.is_contiguous()
-                       else torch.empty_like(k, memory_format=torch.contiguous_format))
+            q_embed, k_embed = _api._empty_contiguous_like(q), _api._empty_contiguous_like(k)
             kernel, plan, pick = entry
             _launch.thin_launch(kernel, plan, pick((q, k, cos, sin, q_embed, k_embed)))
             return q_embed, k_embed
