@@ -54,6 +54,16 @@ def assert_rope_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, 
             f"expected {ref64[idx].item()!r}")
 
 
+def hf_reference(x, cos, sin, unsqueeze_dim=1):
+    """transformers' apply_rotary_pos_emb formula in float64 (what the model means, without its
+    rounding), GPT-NeoX's partial rotary included: cos, sin [b, s, rotary_dim]."""
+    cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
+    r = cos.shape[-1]
+    rot, rest = x.double()[..., :r], x.double()[..., r:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
 @pytest.fixture
 def seed(request) -> int:
     """A seed that differs between tests (fresh inputs) yet reproduces a failing test."""

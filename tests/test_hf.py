@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, assert_rope_close, randn
+from conftest import DEVICE, assert_rope_close, hf_reference, randn
 import rope_kernels.hf
 from rope_kernels import rope_qk
 
@@ -37,15 +37,6 @@ def _cos_sin(module, b, s, dtype, seed):
     return module.to(DEVICE)(x, position_ids)
 
 
-def _reference(x, cos, sin, unsqueeze_dim):
-    """float64 version of transformers' formula (what the model means, without its rounding)."""
-    cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
-    r = cos.shape[-1]
-    rot, rest = x.double()[..., :r], x.double()[..., r:]
-    x1, x2 = rot.chunk(2, dim=-1)
-    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("model", ["llama", "gpt_neox"])
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
@@ -70,7 +61,7 @@ def test_matches_transformers_function(dtype, model, unsqueeze_dim, seed):
     for name, o, r, x in zip("qk", ours, ref, (q, k)):
         assert o.shape == r.shape and o.dtype == r.dtype
         # Against the exact result: within the output's rounding (we compute in float32).
-        assert_rope_close(o, _reference(x, cos, sin, unsqueeze_dim), dtype, name)
+        assert_rope_close(o, hf_reference(x, cos, sin, unsqueeze_dim), dtype, name)
         # Against transformers' own arithmetic, which rounds each product in 16-bit dtypes.
         tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
         torch.testing.assert_close(o, r, rtol=tol, atol=tol)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, assert_rope_close, randn
+from conftest import DEVICE, assert_rope_close, hf_reference, randn
 from rope_kernels import RotaryPositionEmbedding, rope_qk, rope_reference
 from test_serving import make_cache, reference as cache_reference
 
@@ -49,15 +49,6 @@ def test_cache(mode, is_neox, backward, seed):
                       torch.float32, "key")
 
 
-def _hf_reference(x, cos, sin):
-    """float64: transformers' Llama formula, x [b, h, s, d], cos/sin [b, s, r]."""
-    cos, sin = cos.double()[:, None], sin.double()[:, None]
-    r = cos.shape[-1]
-    rot, rest = x.double()[..., :r], x.double()[..., r:]
-    x1, x2 = rot.chunk(2, dim=-1)
-    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
-
-
 def test_hf(mode, seed):
     b, s, q_heads, k_heads, d, r = 2, 3, 5, 3, 16, 12
     q = randn((b, s, q_heads, d), torch.bfloat16, seed).transpose(1, 2)  # HF's [b, h, s, d] view
@@ -66,8 +57,8 @@ def test_hf(mode, seed):
     emb = torch.cat((angles, angles), -1)
     cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
     q_out, k_out = rope_qk.rope_cos_sin(q, k, cos, sin, heads_axis=1)
-    assert_rope_close(q_out, _hf_reference(q, cos, sin), torch.bfloat16, "q")
-    assert_rope_close(k_out, _hf_reference(k, cos, sin), torch.bfloat16, "k")
+    assert_rope_close(q_out, hf_reference(q, cos, sin), torch.bfloat16, "q")
+    assert_rope_close(k_out, hf_reference(k, cos, sin), torch.bfloat16, "k")
 
 
 @pytest.mark.parametrize("same_table", [True, False])

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, assert_rope_close, randn
+from conftest import DEVICE, assert_rope_close, hf_reference, randn
 import rope_kernels.hf
 from rope_kernels import (RotaryPositionEmbedding, api, apply_rope_with_cos_sin_cache,
                           apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb, rope_qk,
-                          rope_reference, rotate_half)
+                          rope_reference)
 from test_serving import make_cache, reference as cache_reference
 
 
@@ -208,13 +208,6 @@ def _hf_inputs(seed, rotary_dim=16):
     return q, k, angles.cos(), angles.sin()
 
 
-def _hf_reference(x, cos, sin):
-    """transformers' formula in float64, partial rotary included."""
-    cos, sin = cos.double()[:, None], sin.double()[:, None]
-    rot = x.double()[..., : cos.shape[-1]]
-    return torch.cat((rot * cos + rotate_half(rot) * sin, x.double()[..., cos.shape[-1]:]), -1)
-
-
 def test_hf_calls_through_the_shortcut_match_reference(shortcuts, seed):
     for call in range(3):
         q, k, cos, sin = _hf_inputs(seed + 10 * call)
@@ -222,8 +215,8 @@ def test_hf_calls_through_the_shortcut_match_reference(shortcuts, seed):
         q_embed, k_embed = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
         assert torch.equal(q, before[0]) and torch.equal(k, before[1]), "an input was modified"
         assert q_embed.is_contiguous() and q_embed.shape == q.shape and k_embed.shape == k.shape
-        assert_rope_close(q_embed, _hf_reference(q, cos, sin), torch.bfloat16, f"q, call {call}")
-        assert_rope_close(k_embed, _hf_reference(k, cos, sin), torch.bfloat16, f"k, call {call}")
+        assert_rope_close(q_embed, hf_reference(q, cos, sin), torch.bfloat16, f"q, call {call}")
+        assert_rope_close(k_embed, hf_reference(k, cos, sin), torch.bfloat16, f"k, call {call}")
     assert len(_entries(shortcuts)) == 1
 
 
@@ -241,7 +234,7 @@ def test_hf_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
         m.setattr(rope_kernels.hf._qk, "rope_cos_sin", fail)
         q2, k2, cos2, sin2 = _hf_inputs(seed + 1)
         q_embed, _ = rope_kernels.hf.apply_rotary_pos_emb(q2, k2, cos2, sin2)
-    assert_rope_close(q_embed, _hf_reference(q2, cos2, sin2), torch.bfloat16)
+    assert_rope_close(q_embed, hf_reference(q2, cos2, sin2), torch.bfloat16)
     x = q2.detach().float().requires_grad_()
     q_embed, _ = rope_kernels.hf.apply_rotary_pos_emb(x, k2.float(), cos2, sin2)
     assert q_embed.grad_fn is not None
@@ -259,8 +252,8 @@ def test_hf_calls_differing_only_in_sin_dtype_get_their_own_plan(shortcuts, seed
     assert len(rope_qk._PLANS) == 1
     q_embed, k_embed = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos16, sin)  # sin float32
     assert len(rope_qk._PLANS) == 2
-    assert_rope_close(q_embed, _hf_reference(q, cos16, sin), torch.bfloat16, "q")
-    assert_rope_close(k_embed, _hf_reference(k, cos16, sin), torch.bfloat16, "k")
+    assert_rope_close(q_embed, hf_reference(q, cos16, sin), torch.bfloat16, "q")
+    assert_rope_close(k_embed, hf_reference(k, cos16, sin), torch.bfloat16, "k")
 
 
 def test_cache_positions_are_checked_unless_validate_is_false(shortcuts):
