@@ -91,3 +91,16 @@ def test_recorded_figures_carry_provenance():
     for r in rows:  # bytes / time must agree with the reported bandwidth being plausible
         assert 0 < float(r["gbps"]) < 1.2 * float(r["copy_gbps"]), r
     assert list((ROOT / "figures").glob("*.png")), "no plots in figures/"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "figures").glob("*.json")), ids=lambda p: p.name)
+def test_every_recorded_json_names_its_run(path):
+    """Each measured file under figures/ says where, with what and how it was measured; those
+    that report fractions of copy also carry the copy bandwidth they divide by."""
+    data = json.loads(path.read_text())
+    prov = data if path.name == "provenance.json" else data.get("provenance")
+    assert isinstance(prov, dict), f"{path.name} has no provenance"
+    for key in ("gpu", "torch", "triton", "date", "command"):
+        assert prov.get(key), f"{path.name}: provenance lacks {key}"
+    if "latency" not in path.name:
+        assert float(prov.get("copy_gbps", 0)) > 0, f"{path.name}: provenance lacks copy_gbps"
