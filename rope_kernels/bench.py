@@ -108,14 +108,21 @@ class Problem:
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.cu_seqlens = None
         if tensor_format == "thd":
-            # seq_len * batch tokens cut at random into n_seqs sequences of varying length
+            # seq_len * batch tokens cut at random into n_seqs sequences of varying length, or
+            # (n_seqs None) into batch sequences of seq_len tokens each
             total = seq_len * batch
-            self.n_seqs = n_seqs
-            cuts = torch.randperm(total - 1, generator=g, device="cuda")[: n_seqs - 1] + 1
-            cu = torch.cat([torch.zeros(1, device="cuda", dtype=torch.long), cuts.sort().values,
-                            torch.full((1,), total, device="cuda", dtype=torch.long)])
-            self.cu_seqlens = cu.to(torch.int32)
-            self.max_len = int((cu[1:] - cu[:-1]).max())
+            if n_seqs is None:
+                self.n_seqs, self.max_len = batch, seq_len
+                self.cu_seqlens = torch.arange(0, total + 1, seq_len, device="cuda",
+                                               dtype=torch.int32)
+            else:
+                self.n_seqs = n_seqs
+                cuts = torch.randperm(total - 1, generator=g, device="cuda")[: n_seqs - 1] + 1
+                cu = torch.cat([torch.zeros(1, device="cuda", dtype=torch.long),
+                                cuts.sort().values,
+                                torch.full((1,), total, device="cuda", dtype=torch.long)])
+                self.cu_seqlens = cu.to(torch.int32)
+                self.max_len = int((cu[1:] - cu[:-1]).max())
             shape = (total, heads, head_dim)
         else:
             self.n_seqs = batch

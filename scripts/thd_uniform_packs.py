@@ -42,11 +42,8 @@ CUDA_GRID_Y_MAX = 65535
 
 
 def uniform_problem(n_seqs: int, length: int, heads: int) -> Problem:
-    # Problem cuts its tokens at random; replace the cut by equal lengths.
-    p = Problem(tensor_format="thd", seq_len=length, batch=n_seqs, heads=heads, n_seqs=2)
-    p.cu_seqlens = torch.arange(0, n_seqs * length + 1, length, device="cuda", dtype=torch.int32)
-    p.n_seqs, p.max_len = n_seqs, length
-    return p
+    """n_seqs sequences of ``length`` tokens each (Problem's thd with n_seqs None)."""
+    return Problem(tensor_format="thd", seq_len=length, batch=n_seqs, heads=heads)
 
 
 def main() -> None:
