@@ -64,6 +64,14 @@ def hf_reference(x, cos, sin, unsqueeze_dim=1):
     return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
 
 
+def strided_with_poison(values):
+    """int32 ``values`` on DEVICE as a view of stride 2 (as ``position_ids[:, 0]`` is), the
+    entries between them -7: a kernel that ignores the stride reads those as positions or
+    sequence boundaries."""
+    return torch.tensor([v for x in values for v in (x, -7)], dtype=torch.int32,
+                        device=DEVICE)[::2]
+
+
 @pytest.fixture
 def seed(request) -> int:
     """A seed that differs between tests (fresh inputs) yet reproduces a failing test."""

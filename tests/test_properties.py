@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DEVICE, ON_GPU, assert_rope_close, randn
+from conftest import DEVICE, ON_GPU, assert_rope_close, randn, strided_with_poison
 from rope_kernels import (RotaryPositionEmbedding, apply_rotary_pos_emb, rope_1d, rope_2d,
                           rope_reference)
 
@@ -125,12 +125,10 @@ def test_strided_start_positions_and_cu_seqlens(kernel, fmt, seed):
     entry of a buffer whose other entries are poison): through the public function, forward and
     backward against the float64 reference."""
     freqs = RotaryPositionEmbedding(16, device=DEVICE)(40)
-    poisoned = lambda values: torch.tensor(  # noqa: E731
-        [v for x in values for v in (x, -7)], dtype=torch.int32, device=DEVICE)[::2]
-    kw = {"start_positions": poisoned([5, 0, 17])}  # 3 batch elements, or 3 sequences (thd)
+    kw = {"start_positions": strided_with_poison([5, 0, 17])}  # 3 batch elements or sequences
     shape = {"sbhd": (6, 3, 2, 16), "bshd": (3, 6, 2, 16), "thd": (11, 2, 16)}[fmt]
     if fmt == "thd":
-        kw["cu_seqlens"] = poisoned([0, 4, 4, 11])
+        kw["cu_seqlens"] = strided_with_poison([0, 4, 4, 11])
     t = randn(shape, torch.float32, seed).requires_grad_(True)
     assert kw["start_positions"].stride() == (2,)
     out = apply_rotary_pos_emb(t, freqs, fmt, fused=True, kernel=kernel, **kw)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, ON_GPU, assert_rope_close, randn
+from conftest import DEVICE, ON_GPU, assert_rope_close, randn, strided_with_poison
 from rope_kernels import (RotaryPositionEmbedding, apply_fused_qkv_rotary_pos_emb,
                           apply_rotary_pos_emb, rope_qk, rope_reference)
 
@@ -84,7 +84,7 @@ def test_strided_start_positions(tensor_format, seed):
     qkv = randn((5, 2, 2, 96), torch.float32, seed)
     if tensor_format == "bshd":
         qkv = qkv.transpose(0, 1).contiguous()
-    starts = torch.tensor([[3, -7], [11, -7]], dtype=torch.int32, device=DEVICE)[:, 0]
+    starts = strided_with_poison([3, 11])
     assert starts.stride() == (2,)
     emb = RotaryPositionEmbedding(24, device=DEVICE)(20)
     kw = dict(tensor_format=tensor_format, start_positions=starts)
