@@ -451,10 +451,11 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       (``pairs_as_words``) and tiled like half-split ones; layouts that do not allow it (last
       axis not contiguous, odd strides or offsets) split a [..., HALF, 2] tile, which costs
       registers: 1 KB tiles.
-    - bshd rows (one position of one batch element, all heads) of at most 4 KB, as at 16 heads
-      or head_dim 64 in bf16, are tiled whole: 4 KB tiles of one batch element, 2 warps.
+    - bshd rows (one position of one batch element, all heads) of at most 4 KB, as at 8 or 16
+      heads or head_dim 64 in bf16, are tiled whole: tiles of one row (2 KB at least: two 1 KB
+      rows) of one batch element, 2 warps.
     - ``group_b``: the batch blocks that run side by side, all of them for sbhd (memory order),
-      two for bshd.
+      two for bshd, one (memory order) for bshd's small rows.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
@@ -476,7 +477,8 @@ PRE_PASS_BLOCK = 256
 PRE_PASS_FANOUT = 256
 # thd tiles: 2048 elements of input, 64 bytes a thread (see _config).
 THD_TILE_ELEMENTS = 2048
-SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole
+SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole ...
+SMALL_ROW_TILE_BYTES = 2048  # ... in tiles of this many bytes, or one row where rows are larger
 
 
 @functools.lru_cache(maxsize=1024)  # pure in its arguments; saves Python time per launch
@@ -486,6 +488,9 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
     width = 2 * half + (_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0)
     num_warps = 4
     max_positions = 8  # on a GPU
+    # sbhd: batch blocks fastest over the whole batch (memory order). bshd: in pairs, so that
+    # side-by-side programs touch two batch elements' memory, not all of them at once.
+    group_b = 2 if tensor_format == "bshd" else None
     if not on_gpu:  # the interpreter pays per program: few, large tiles
         rows = max(1, 16384 // width)
         head_share = max_positions = rows  # no cap on positions but the budget
@@ -505,12 +510,18 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
         max_positions = rows
         num_warps = 2 if element_size < 4 else 4
     elif tensor_format == "bshd" and _next_pow2(max(1, heads)) * width * element_size <= SMALL_ROW_BYTES:
-        # Small bshd rows: whole rows of one batch element (contiguous memory), 4 KB and 2 warps
-        # a tile. Half-row tiles or 4 warps lost 3-12% in the sweep (16 heads, head_dim 64).
-        rows = SMALL_ROW_BYTES // (width * element_size)
+        # Small bshd rows: whole rows of one batch element (contiguous memory), 2 warps, as many
+        # rows as make SMALL_ROW_TILE_BYTES (a 4 KB row is a tile alone). Half-row tiles or 4
+        # warps lost 3-12% in the sweep (16 heads, head_dim 64); at 8 heads one 2 KB row beat
+        # two (+0.2 to +1.1 points of copy, H200, bf16, 2 processes x 3 shuffled rounds).
+        rows = max(1, SMALL_ROW_TILE_BYTES // (width * element_size))
         head_share = _next_pow2(max(1, heads))
         max_positions = rows
         num_warps = 2
+        # One batch element at a time (memory order), not pairs: +1.2 to +1.7 points of copy at
+        # 8 heads, 0 to +1.0 at 16 heads or head_dim 64 (H200, bf16, an A/B of 4 processes with
+        # shuffled order); larger rows keep the pairs, which were ahead there.
+        group_b = 1
     elif tensor_format == "bshd":
         # Positions are contiguous in bshd: a tile of few heads and up to 8 positions did best.
         rows = max(1, TILE_BYTES // (width * element_size))
@@ -525,9 +536,8 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
     block_s = min(_next_pow2(max(1, seq_rows)), _floor_pow2(rows), max_positions)
     rows = max(1, rows // block_s)
     block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
-    # sbhd: batch blocks fastest over the whole batch (memory order). bshd: in pairs, so that
-    # side-by-side programs touch two batch elements' memory, not all of them at once.
-    group_b = 2 if tensor_format == "bshd" else max(1, triton.cdiv(batch, block_b))
+    if group_b is None:
+        group_b = max(1, triton.cdiv(batch, block_b))
     return (("block_s", block_s), ("block_b", block_b), ("block_h", block_h),
             ("group_b", group_b), ("num_warps", num_warps))
 

@@ -46,8 +46,9 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
       then up to 8 positions, then batch elements;
     * thd tiles hold 2048 elements: up to 16 heads of one token in 16-bit (2 warps), 4 tokens x 4
       heads in fp32 (4 warps);
-    * bshd rows of all heads of at most 4 KB are tiled whole: 4 KB tiles, 2 warps;
-    * ``group_b``: 2 for bshd, else every batch block; 4 warps;
+    * bshd rows of all heads of at most 4 KB are tiled whole: one row a tile, or as many as make
+      2 KB, of one batch element, 2 warps, ``group_b`` 1;
+    * ``group_b``: 2 for other bshd tiles, else every batch block; 4 warps;
     * interleaved pairs of a contiguous tensor are read one word per pair, so they tile like
       half-split pairs (``interleaved`` changes nothing here);
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
@@ -72,6 +73,7 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     on_gpu = sm_count is not None
     num_warps = 4
     max_positions = 8 if on_gpu else None
+    group_b = 2 if tensor_format == "bshd" else None  # None: every batch block
     if not on_gpu:
         rows = max(1, 16384 // width)
         head_share = rows
@@ -83,10 +85,11 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
         max_positions = None
         num_warps = 2 if element_size < 4 else 4
     elif tensor_format == "bshd" and _next_pow2(heads) * width * element_size <= 4096:
-        rows = 4096 // (width * element_size)  # whole rows of all heads
+        rows = max(1, 2048 // (width * element_size))  # whole rows of all heads
         head_share = _next_pow2(heads)
         max_positions = None
         num_warps = 2
+        group_b = 1
     elif tensor_format == "bshd":
         rows = max(1, 8192 // (width * element_size))
         head_share = 4
@@ -100,7 +103,8 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     rows = max(1, rows // block_s)
     block_b = min(_next_pow2(max(1, batch)), _floor_pow2(rows))
     b_blocks = _cdiv(batch, block_b)
-    group_b = 2 if tensor_format == "bshd" else max(1, b_blocks)
+    if group_b is None:
+        group_b = max(1, b_blocks)
     config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
                   num_warps=num_warps)
     group = min(group_b, b_blocks)
