@@ -7,7 +7,8 @@
 #            with 14 dozens of its cases failed in two sessions, cause not found)
 # te:        TransformerEngine's own tests/pytorch/test_fused_rope.py against this package
 #            (needs ../shared/te from the study-group workspace; 6 workers, but its QKV tests
-#            need -n 4: at 6, 338 of them failed on an H200 on 2026-11-23 and all 2016 passed at 4)
+#            need -n 4: at 6, 338 of them failed on an H200 on 2026-11-23 and all 2016 passed at 4;
+#            at 4 without the allocator setting exported below, 151 failed with CUDA out of memory)
 # latency:   scripts/launch_latency.py
 # bench:     python -m rope_kernels.bench --mode full (set ROPE_PEER_DIR for flash-attn's rotary)
 # packs:     scripts/thd_uniform_packs.py, uniform thd packs beside flash-attn (ROPE_PEER_DIR too)
