@@ -512,8 +512,10 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
     elif tensor_format == "bshd" and _next_pow2(max(1, heads)) * width * element_size <= SMALL_ROW_BYTES:
         # Small bshd rows: whole rows of one batch element (contiguous memory), 2 warps, as many
         # rows as make SMALL_ROW_TILE_BYTES (a 4 KB row is a tile alone). Half-row tiles or 4
-        # warps lost 3-12% in the sweep (16 heads, head_dim 64); at 8 heads one 2 KB row beat
-        # two (+0.2 to +1.1 points of copy, H200, bf16, 2 processes x 3 shuffled rounds).
+        # warps lost 3-12% in the sweep (16 heads, head_dim 64). Against the 4 KB tiles used
+        # before (H200, bf16, shuffled rounds, with memory order below): at 8 heads one 2 KB row
+        # gained 0.1 to 1.4 points of copy (fwd/bwd); with 4 heads +0.6/+0.2, 1 head +1.0/+6.9,
+        # 2 heads -0.1/-0.9 (one process of 3 rounds for 1-4 heads).
         rows = max(1, SMALL_ROW_TILE_BYTES // (width * element_size))
         head_share = _next_pow2(max(1, heads))
         max_positions = rows
