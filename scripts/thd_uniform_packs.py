@@ -6,7 +6,7 @@ The benchmark's thd sweep cuts its tokens at random into sequences of mixed leng
 measures the uniform packs a peer was reported fastest on (16384 sequences of 8 tokens), and
 more of that kind: n_seqs sequences of ``length`` tokens each, bf16, head_dim 128, forward and
 backward. Ours: the public ``apply_rotary_pos_emb`` (validate=False) forward, ``rope_2d``
-backward (as the benchmark times them). flash-attn: ``apply_rotary`` from
+backward (the benchmark's own callables for them). flash-attn: ``apply_rotary`` from
 flash_attn/ops/triton/rotary.py (an installed flash-attn, else a copy of that one file in
 $ROPE_PEER_DIR, as for the benchmark). Its grid has one row per sequence on CUDA's second grid
 axis, which holds at most 65535: packs of more sequences are recorded as not launchable.
@@ -27,9 +27,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from rope_kernels import apply_rotary_pos_emb, rope_2d  # noqa: E402
-from rope_kernels.bench import (Problem, _flash_attn, copy_bandwidth_gbps, provenance,  # noqa: E402
-                                time_ms)
+from rope_kernels.bench import (Problem, _flash_attn, _ours_api, copy_bandwidth_gbps,  # noqa: E402
+                                provenance, time_ms)
 
 PACKS = [  # (n_seqs, tokens per sequence, heads)
     (16384, 8, 32),
@@ -51,18 +50,13 @@ def main() -> None:
     parser.add_argument("--out", default="figures/thd_uniform_packs.json")
     args = parser.parse_args()
     copy = copy_bandwidth_gbps()
+    ours = _ours_api("2d")  # the benchmark's "triton-2d (ours)"
     flash_attn = _flash_attn()
     rows = []
     for n_seqs, length, heads in PACKS:
         p = uniform_problem(n_seqs, length, heads)
         for direction in ("forward", "backward"):
-            x = p.t if direction == "forward" else p.grad
-            if direction == "forward":
-                fns = {"ours": lambda: apply_rotary_pos_emb(x, p.freqs, "thd", None, False, True,
-                                                            p.cu_seqlens, validate=False)}
-            else:
-                fns = {"ours": lambda: rope_2d(x, p.freqs, "thd", cu_seqlens=p.cu_seqlens,
-                                               backward=True)}
+            fns = {"ours": ours(p, direction)}
             note = None
             if flash_attn is None:
                 note = "flash-attn not available (set ROPE_PEER_DIR)"
