@@ -46,6 +46,7 @@ ENABLED = True  # set False to always go through Triton's dispatch
 RECORDING = None  # a list while an entry point records the launches of a call
 _MISSING = object()
 _DRIVERS = triton.runtime.driver
+_DRIVER_FIELD = "_active" in getattr(_DRIVERS, "__dict__", ())  # DriverConfig's own field
 _torch_cuda = torch.cuda
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
 # Triton's CUDA driver asks torch.cuda.current_device; its C function answers the same once CUDA
@@ -73,12 +74,20 @@ def _dispatch_is_plain(kernel) -> bool:
     runtime = _RUNTIME
     if runtime is None:
         return False
-    # A launch hook: a plain callable, or a HookChain (recent Triton, empty by default) in use.
-    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-    if ((enter is not None and getattr(enter, "calls", True))
-            or (leave is not None and getattr(leave, "calls", True))
-            or getattr(runtime, "add_stages_inspection_hook", None) is not None or runtime.debug):
-        return False
+    try:
+        # Recent Triton (3.6 on): the launch hooks are HookChains, empty by default. Attribute
+        # reads only: this runs on every launch.
+        if (runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or runtime.debug
+                or runtime.add_stages_inspection_hook is not None):
+            return False
+    except AttributeError:
+        # A hook set as a plain callable, or no hook attribute of that kind (older Triton).
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if ((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True))
+                or getattr(runtime, "add_stages_inspection_hook", None) is not None
+                or runtime.debug):
+            return False
     return kernel is None or not (getattr(kernel, "debug", False)
                                   or getattr(kernel, "pre_run_hooks", None))
 
@@ -135,8 +144,11 @@ def thin_launch(kernel, plan, pointers):
         RECORDING.append((kernel, plan, pointers))
     thin = ENABLED and not INTERPRETED and _dispatch_is_plain(kernel)
     if thin:
-        driver = _DRIVERS.active
-        device = _current_device(driver)
+        # The active driver: DriverConfig.active's work, without its property call, once set.
+        driver = (_DRIVERS._active if _DRIVER_FIELD else None) or _DRIVERS.active
+        # _current_device(driver), inline: a function call is a measurable part of a launch.
+        device = (_cuda_get_device() if driver.get_current_device is _TORCH_CURRENT_DEVICE
+                  and _torch_cuda._initialized else driver.get_current_device())
         # Raw addresses: Triton's launcher takes ints as they are, where for a tensor it calls
         # data_ptr() and asks the driver about the pointer, per argument and call. The key holds
         # each address modulo 16: Triton specialises on 16-byte alignment.

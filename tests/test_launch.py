@@ -131,6 +131,53 @@ def test_launch_hook_disables_thin_path(seed):
     assert not _launch.hooks_installed()
 
 
+class _Chain:
+    """Stands for Triton's HookChain: hooks in ``calls``."""
+
+    def __init__(self, *calls):
+        self.calls = list(calls)
+
+
+class _Runtime:
+    """Stands for ``triton.knobs.runtime``: what ``_dispatch_is_plain`` reads."""
+
+    def __init__(self, enter=None, leave=None, debug=False, stages=None):
+        self.launch_enter_hook, self.launch_exit_hook = enter, leave
+        self.debug, self.add_stages_inspection_hook = debug, stages
+
+
+class _Kernel:
+    def __init__(self, debug=False, pre_run_hooks=()):
+        self.debug, self.pre_run_hooks = debug, list(pre_run_hooks)
+
+
+def _hook(*args):
+    return None
+
+
+@pytest.mark.parametrize("runtime,kernel,plain", [
+    (_Runtime(_Chain(), _Chain()), _Kernel(), True),  # recent Triton, nothing installed
+    (_Runtime(), _Kernel(), True),  # older Triton: hooks are None by default
+    (_Runtime(_Chain(_hook), _Chain()), _Kernel(), False),
+    (_Runtime(_Chain(), _Chain(_hook)), _Kernel(), False),
+    (_Runtime(_hook, _Chain()), _Kernel(), False),  # a plain callable set as the hook
+    (_Runtime(_Chain(), _hook), _Kernel(), False),
+    (_Runtime(None, _hook), _Kernel(), False),
+    (_Runtime(_Chain(), _Chain(), debug=True), _Kernel(), False),
+    (_Runtime(_Chain(), _Chain(), stages=_hook), _Kernel(), False),
+    (_Runtime(_Chain(), _Chain()), _Kernel(debug=True), False),
+    (_Runtime(_Chain(), _Chain()), _Kernel(pre_run_hooks=[_hook]), False),
+    (_Runtime(_Chain(), _Chain()), None, True),  # hooks_installed() asks without a kernel
+    (_Runtime(_Chain(_hook), None), None, False),
+])
+def test_dispatch_is_plain_reads_every_hook(runtime, kernel, plain, monkeypatch):
+    """The thin path steps aside whenever Triton's dispatch would do more than launch: a launch
+    hook (a HookChain in use or a plain callable), a stage-inspection hook, debug mode, or the
+    kernel's own debug flag or pre-run hooks. Runs without a GPU (pure Python)."""
+    monkeypatch.setattr(_launch, "_RUNTIME", runtime)
+    assert _launch._dispatch_is_plain(kernel) is plain
+
+
 def _confirmed_plan(t, emb):
     """The plan of rope_2d(t, emb) after enough calls for the thin path to own it."""
     r2._PLANS.clear()
