@@ -146,9 +146,7 @@ def thin_launch(kernel, plan, pointers):
     if thin:
         # The active driver: DriverConfig.active's work, without its property call, once set.
         driver = (_DRIVERS._active if _DRIVER_FIELD else None) or _DRIVERS.active
-        # _current_device(driver), inline: a function call is a measurable part of a launch.
-        device = (_cuda_get_device() if driver.get_current_device is _TORCH_CURRENT_DEVICE
-                  and _torch_cuda._initialized else driver.get_current_device())
+        device = _current_device(driver)
         # Raw addresses: Triton's launcher takes ints as they are, where for a tensor it calls
         # data_ptr() and asks the driver about the pointer, per argument and call. The key holds
         # each address modulo 16: Triton specialises on 16-byte alignment.
