@@ -115,11 +115,15 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
     searching in every tile. One program per token block, so the grid follows the tokens, never
     the sequences or the longest sequence.
 
-    The block's tokens are consecutive, so the sequences holding them are a run ``lo .. hi - 1``:
-    from the sequences of its first and last token, each found in ``narrow_rounds`` rounds of a
-    FANOUT-ary search (one wide load a round; 2 rounds for 65536 sequences). Each token's binary
-    search then covers only that run, whose boundaries the first steps bring into L1: a chain
-    of 16 dependent loads from L2 at 65536 sequences becomes 2 from L2 and ~8 from L1.
+    First a guess: token ``i`` of ``n_tokens`` would be in sequence ``i * n_seqs // n_tokens`` if
+    every sequence had the same length, and one load of that sequence's two boundaries checks it.
+    Where every token of the block is where the guess says (always, in a pack of equal lengths),
+    that is the answer. Otherwise the block searches. Its tokens are consecutive, so the sequences
+    holding them are a run ``lo .. hi - 1``: from the sequences of its first and last token, each
+    found in ``narrow_rounds`` rounds of a FANOUT-ary search (one wide load a round; 2 rounds for
+    65536 sequences). Each token's binary search then covers only that run, whose boundaries the
+    first steps bring into L1: a chain of 16 dependent loads from L2 at 65536 sequences becomes 2
+    from L2 and ~8 from L1.
 
     ``PDL_TRIGGER``: with programmatic dependent launch (Hopper and later) the main kernel may
     start as soon as every program here has begun, and waits for this kernel's writes only where
@@ -128,22 +132,33 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
     if PDL_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
     first = tl.program_id(0) * BLOCK
-    last = tl.minimum(first + BLOCK, n_tokens) - 1
-    lo = first * 0
-    hi = lo + n_seqs
-    lo_last = lo
-    hi_last = hi
-    for _ in range(narrow_rounds):
-        lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT)
-        lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT)
-    steps = lo * 0  # ceil(log2(hi_last - lo)): the binary search's iterations over the run
-    span = hi_last - lo
-    while span > 1:
-        span = (span + 1) // 2
-        steps += 1
     token = first + tl.arange(0, BLOCK)
-    pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, lo, hi_last, steps,
-                     cp_size, cp_rank, True, HAS_START, USE_CP)
+    inside = token < n_tokens
+    # The guess (int64: token * n_seqs can pass 2**31) and its check, one load pair per token.
+    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), n_seqs - 1)
+    guess_begin = tl.load(cu_seqlens_ptr + guess, mask=inside, other=0) // cp_size
+    guess_end = tl.load(cu_seqlens_ptr + guess + 1, mask=inside, other=0) // cp_size
+    hit = ((guess_begin <= token) & (token < guess_end)) | (token >= n_tokens)
+    if tl.min(hit.to(tl.int32), axis=0) == 1:
+        # Each token's sequence is known: a search of zero steps over [guess, guess + 1).
+        pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, guess, guess + 1, 0,
+                         cp_size, cp_rank, True, HAS_START, USE_CP)
+    else:
+        last = tl.minimum(first + BLOCK, n_tokens) - 1
+        lo = first * 0
+        hi = lo + n_seqs
+        lo_last = lo
+        hi_last = hi
+        for _ in range(narrow_rounds):
+            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT)
+            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT)
+        steps = lo * 0  # ceil(log2(hi_last - lo)): the binary search's iterations over the run
+        span = hi_last - lo
+        while span > 1:
+            span = (span + 1) // 2
+            steps += 1
+        pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, lo, hi_last, steps,
+                         cp_size, cp_rank, True, HAS_START, USE_CP)
     tl.store(token_rows_ptr + token, pos, mask=token < n_tokens)
 
 

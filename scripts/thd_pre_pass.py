@@ -5,8 +5,10 @@ and the whole call with the pre-pass and with the search in every tile.
 
 Problems as in the benchmark's thd sweep: 4096 x 16 = 65536 tokens, 32 heads, head_dim 128, cut
 at random into n_seqs sequences of mixed lengths. Times are do_bench medians.
-- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (256 tokens a program: the run of sequences
-  they span narrowed by a 256-ary search, then a binary search per token over that run), next to
+- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (256 tokens a program: each token's sequence
+  guessed as if all lengths were equal and checked; where a guess misses, the run of sequences the
+  block spans narrowed by a 256-ary search, then a binary search per token over that run; at
+  65536 sequences every sequence has one token and every guess holds), next to
   the two designs it replaced, kept here only to compare: ``pre_us_binary_search``, a binary
   search per token over all sequences (256 tokens a program, 2 warps), and
   ``pre_us_per_sequence``, one program per sequence writing its tokens' rows.

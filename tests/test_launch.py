@@ -494,15 +494,28 @@ def _token_rows_reference(cu, n_tokens, starts, cp_size, cp_rank):
     return pos + (starts.long().cpu()[seq] if starts is not None else 0)
 
 
+def _guess_hits(cu, n_tokens, cp_size, block):
+    """Per block of the pre-pass: does every token lie in the sequence that equal lengths would
+    put it in (the kernel's guess), so that the block skips the search?"""
+    local_cu = cu.long() // cp_size
+    token = torch.arange(n_tokens)
+    guess = torch.clamp(token * (len(cu) - 1) // n_tokens, max=len(cu) - 2)
+    hit = (local_cu[guess] <= token) & (token < local_cu[guess + 1])
+    return [bool(hit[i:i + block].all()) for i in range(0, n_tokens, block)]
+
+
 @pytest.mark.parametrize("block,fanout,lengths", [
     (16, 4, "mixed"),      # 3 narrowing rounds, runs of sequences inside a block
     (8, 2, "empty"),       # most sequences empty: runs longer than the block
-    (4, 256, "ones"),      # one round; a sequence per token
+    (4, 256, "ones"),      # one round; a sequence per token (every guess right)
+    (16, 4, "equal"),      # equal lengths: every block takes its guess, none searches
+    (8, 4, "nearly"),      # equal but for two: the blocks around them search, the others not
 ])
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (2, True)])
 def test_thd_pre_pass_rows(block, fanout, lengths, cp_size, starts, seed):
     """thd_positions_kernel alone against searchsorted, into a poisoned buffer: every token's
-    row, whatever the narrowing rounds, the runs of sequences a block spans, empty sequences."""
+    row, whatever the narrowing rounds, the runs of sequences a block spans, empty sequences,
+    and blocks that take the equal-lengths guess beside blocks that search."""
     g = torch.Generator().manual_seed(seed)
     n = 40
     if lengths == "mixed":
@@ -510,12 +523,21 @@ def test_thd_pre_pass_rows(block, fanout, lengths, cp_size, starts, seed):
     elif lengths == "empty":
         lens = torch.randint(0, 4, (n,), generator=g) * (torch.rand(n, generator=g) < 0.25)
         lens[-1] = 1
+    elif lengths in ("equal", "nearly"):
+        lens = torch.full((n,), 3, dtype=torch.long)
+        if lengths == "nearly":
+            lens[10], lens[11] = 2, 4
     else:
         lens = torch.ones(n, dtype=torch.long)
     lens = lens * 2 * cp_size
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32)
     sp = torch.randint(0, 9, (n,), generator=g, dtype=torch.int32) if starts else None
     n_tokens = int(cu[-1]) // cp_size
+    hits = _guess_hits(cu, n_tokens, cp_size, block)
+    if lengths in ("equal", "ones"):
+        assert all(hits)
+    elif lengths == "nearly":
+        assert any(hits) and not all(hits), hits
     cp_rank = cp_size - 1
     rows = torch.full((n_tokens + 7,), -12345, dtype=torch.int32, device=DEVICE)
     plan = r2.Plan((-(-n_tokens // block), 1, 1),
