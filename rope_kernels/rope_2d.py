@@ -159,7 +159,7 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
             steps += 1
         pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, lo, hi_last, steps,
                          cp_size, cp_rank, True, HAS_START, USE_CP)
-    tl.store(token_rows_ptr + token, pos, mask=token < n_tokens)
+    tl.store(token_rows_ptr + token, pos, mask=inside)
 
 
 @triton.jit
