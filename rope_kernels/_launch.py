@@ -34,6 +34,7 @@ interpreted and this path is never taken).
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 
@@ -43,6 +44,7 @@ import triton
 # The interpreter (no GPU) has no compiled kernels to reuse.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 ENABLED = True  # set False to always go through Triton's dispatch
+SHORTEST = True  # set False to send the shortcuts' launches through thin_launch (Shortcut)
 RECORDING = None  # a list while an entry point records the launches of a call
 _MISSING = object()
 _DRIVERS = triton.runtime.driver
@@ -55,6 +57,11 @@ _TORCH_CURRENT_DEVICE = (torch.cuda.current_device if _cuda_get_device is not No
                          and hasattr(torch.cuda, "_initialized") else None)
 _data_ptr = torch.Tensor.data_ptr
 _low_bits = (15).__and__  # x -> x & 15
+# Inductor's allocation (what its generated code calls): the caching allocator on the current
+# CUDA device without the dispatcher, about 1 us less than torch.empty_like. None where this
+# torch lacks it; then the shortcuts allocate through torch.empty_strided.
+_EMPTY_STRIDED_CUDA = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None),
+                              "_empty_strided_cuda", None)
 
 
 class _Pending:
@@ -183,6 +190,93 @@ def thin_launch(kernel, plan, pointers):
                                    _direct(compiled))
                                   if compiled is seen.compiled else None)
     return compiled
+
+
+class Shortcut:
+    """The one launch of an eager call signature, from the call's tensors: what a repeated call
+    of a public entry point runs instead of its checks and the launcher's planning (``api.py``).
+
+    ``slots`` gives, for each of the kernel's pointer arguments, its index among the call's
+    tensors (its inputs, then its new outputs); ``outs`` holds ``(shape, stride, dtype, device)``
+    of each new output. The same tensor often fills several pointer arguments (an unused one
+    gets a placeholder; an in-place call reads and writes one tensor), so each call asks only
+    the distinct tensors for their addresses (``used``) and spreads them over the arguments
+    (``spread``).
+
+    Once the thin path has confirmed the kernel for the current device with every pointer
+    16-byte aligned and found triton 3.6's C launch function (``_direct``), ``ready`` holds that
+    launch's fixed arguments. A call then takes the shortest path if nothing differs from when
+    it was armed: no hook or debug mode, no recording, the same driver and current device, its
+    outputs on that device, every pointer aligned. It allocates its outputs through the caching
+    allocator directly and calls the C function. Anything else goes through ``thin_launch``.
+    """
+
+    __slots__ = ("kernel", "plan", "used", "spread", "outs", "ready")
+
+    def __init__(self, kernel, plan, slots, outs):
+        self.kernel, self.plan, self.outs = kernel, plan, outs
+        used = sorted(set(slots))
+        self.used = _getter(used)
+        self.spread = _getter([used.index(i) for i in slots])
+        self.ready = None  # (driver, device, stream_of, c_launch, grid, middle, tail)
+
+    def __call__(self, inputs):
+        """Launch for ``inputs`` (a tuple of the call's tensors); returns the new outputs."""
+        ready = self.ready
+        outs = None
+        if (ready is not None and SHORTEST and ENABLED and RECORDING is None
+                and _dispatch_is_plain(self.kernel) and _DRIVERS._active is ready[0]
+                and _cuda_get_device() == ready[1]):
+            _, device, stream_of, c_launch, grid, middle, tail = ready
+            outs = [_EMPTY_STRIDED_CUDA(shape, stride, dtype)
+                    for shape, stride, dtype, _ in self.outs]
+            addresses = [*map(_data_ptr, self.used((*inputs, *outs)))]
+            if not any(map(_low_bits, addresses)):
+                try:
+                    c_launch(*grid, stream_of(device), *middle, *self.spread(addresses), *tail)
+                    return outs
+                except (TypeError, AttributeError, ValueError, SystemError) as e:
+                    disable(f"the compiled kernel's launcher rejected the call: {e}")
+        if outs is None:
+            outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                    for shape, stride, dtype, device in self.outs]
+        pointers = self.spread(self.used((*inputs, *outs)))
+        thin_launch(self.kernel, self.plan, pointers)
+        if ready is None:
+            self._arm(pointers)
+        return outs
+
+    def _arm(self, pointers):
+        """Fill ``ready`` if the shortest path applies to this launch's kernel (see above)."""
+        driver = _DRIVERS._active if _DRIVER_FIELD else None
+        if (not ENABLED or INTERPRETED or driver is None or _EMPTY_STRIDED_CUDA is None
+                or driver.get_current_device is not _TORCH_CURRENT_DEVICE
+                or not _torch_cuda._initialized):
+            return
+        device = _cuda_get_device()
+        try:  # the allocation gives what torch.empty_strided would (the contract, checked)
+            probes = [_EMPTY_STRIDED_CUDA(shape, stride, dtype)
+                      for shape, stride, dtype, _ in self.outs]
+        except (TypeError, ValueError, RuntimeError):
+            return
+        if any((p.shape, p.stride(), p.dtype, p.device) != (shape, stride, dtype, out_device)
+               or out_device != torch.device("cuda", device)
+               for p, (shape, stride, dtype, out_device) in zip(probes, self.outs)):
+            return
+        entry = self.plan.compiled.get((device, *[0] * len(pointers)))
+        if entry is None or entry.__class__ is not tuple or entry[2] is None:
+            return
+        compiled, tail, (c_launch, cooperative, pdl) = entry
+        self.ready = (driver, device, driver.get_current_stream, c_launch, tuple(self.plan.grid),
+                      (compiled.function, cooperative, pdl, None, None, compiled.packed_metadata,
+                       None, None, None), tail)
+
+
+def _getter(indices):
+    """xs -> tuple of xs[i] for i in indices (itemgetter, a tuple for one index too)."""
+    if len(indices) == 1:
+        return lambda xs, i=indices[0]: (xs[i],)
+    return operator.itemgetter(*indices)
 
 
 def last_compiled(plan, pointers):

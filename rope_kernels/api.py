@@ -27,7 +27,6 @@ torch.compile, value checks (``validate=True`` with ``start_positions`` or ``cu_
 
 from __future__ import annotations
 
-import operator
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -47,24 +46,25 @@ _grad_enabled = torch.is_grad_enabled
 
 
 class _Shortcuts:
-    """Per eager call signature, the one launch the full path made: (kernel, plan, ``pick``:
-    from the call's tensors, the kernel's pointer arguments), or False where the full path did
-    anything else (several launches, a tensor of its own making). Bounded like the plans.
+    """Per eager call signature, the one launch the full path made (a ``_launch.Shortcut``: from
+    the call's tensors to the kernel's pointer arguments and new outputs), or False where the
+    full path did anything else (several launches, a tensor of its own making). Bounded like the
+    plans.
 
-    The entry points read ``entries`` inline (``entries.get(key)``, then ``thin_launch(kernel,
-    plan, pick(tensors))``): a method call per step is a measurable part of a decode-sized call.
+    The entry points read ``entries`` inline (``entries.get(key)``, then ``entry(inputs)``): a
+    method call per step is a measurable part of a decode-sized call.
     """
 
     def __init__(self):
         self.enabled = True  # False: every call takes the full path
         self.entries: dict = {}
 
-    def full_path(self, key, run, tensors_of):
+    def full_path(self, key, run, inputs, outputs_of):
         """``run()`` (the full path); with a ``key`` (the signature, not yet in ``entries``),
         while recording its launches, remembering them for ``key`` if there was one whose
-        pointers are all among ``tensors_of(result)``, by identity. (The recording is
-        process-wide: a launch from another thread meanwhile fails the identity check, and the
-        signature then simply keeps the full path.)"""
+        pointers are all among ``inputs`` and the new tensors ``outputs_of(result)``, by
+        identity. (The recording is process-wide: a launch from another thread meanwhile fails
+        the identity check, and the signature then simply keeps the full path.)"""
         if key is None:
             return run()
         recording = _launch.RECORDING = []
@@ -75,14 +75,13 @@ class _Shortcuts:
         entry = False
         if len(recording) == 1:
             kernel, plan, pointers = recording[0]
-            tensors = tensors_of(result)
+            outputs = tuple(outputs_of(result))
+            tensors = (*inputs, *outputs)
             slots = [next((i for i, x in enumerate(tensors) if x is p), None) for p in pointers]
-            if None not in slots:
-                # itemgetter of two or more slots returns their tuple (a kernel has several
-                # pointer arguments).
-                pick = (operator.itemgetter(*slots) if len(slots) > 1
-                        else lambda xs, i=slots[0]: (xs[i],))
-                entry = (kernel, plan, pick)
+            if None not in slots and not any(o is x for o in outputs for x in inputs):
+                entry = _launch.Shortcut(kernel, plan, slots,
+                                         tuple((tuple(o.shape), o.stride(), o.dtype, o.device)
+                                               for o in outputs))
         if len(self.entries) >= 4096:
             self.entries.clear()
         self.entries[key] = entry
@@ -90,13 +89,6 @@ class _Shortcuts:
 
 
 _SHORTCUTS = _Shortcuts()
-
-
-def _empty_contiguous_like(x):
-    """A new contiguous tensor of ``x``'s shape and dtype (a contiguous ``x``'s own layout is the
-    contiguous one, and cheaper to ask for): the shortcuts' outputs, as the launchers make them."""
-    return (torch.empty_like(x) if x.is_contiguous()
-            else torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 def _tensor_meta(x):
@@ -185,11 +177,7 @@ def apply_rotary_pos_emb(
         except (AttributeError, TypeError):  # an argument of another type: let the checks say
             key = entry = None
         if entry:
-            out = _empty_contiguous_like(t)
-            launch_kernel, plan, pick = entry
-            _launch.thin_launch(launch_kernel, plan,
-                                pick((t, freqs, out, start_positions, cu_seqlens)))
-            return out
+            return entry((t, freqs, start_positions, cu_seqlens))[0]
         if entry is False:  # a signature whose full path is not one launch
             key = None
     compiling = torch.compiler.is_compiling()
@@ -214,8 +202,8 @@ def apply_rotary_pos_emb(
         return launcher(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
                         cp_size, cp_rank)
 
-    return _SHORTCUTS.full_path(key, run,
-                                lambda out: (t, freqs, out, start_positions, cu_seqlens))
+    return _SHORTCUTS.full_path(key, run, (t, freqs, start_positions, cu_seqlens),
+                                lambda out: (out,))
 
 
 def _check_values(validate: bool, t: torch.Tensor, compiling: bool) -> bool:
@@ -318,10 +306,7 @@ def apply_rope_with_cos_sin_cache(
     sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
                                  validate, False)
     if entry:
-        query_out, key_out = _empty_contiguous_like(query), _empty_contiguous_like(key)
-        launch_kernel, plan, pick = entry
-        _launch.thin_launch(launch_kernel, plan,
-                            pick((positions, query, key, cos_sin_cache, query_out, key_out)))
+        query_out, key_out = entry((positions, query, key, cos_sin_cache))
         return query_out, key_out
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
@@ -334,8 +319,8 @@ def apply_rope_with_cos_sin_cache(
     def run():
         return _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox)
 
-    return _SHORTCUTS.full_path(sig, run,
-                                lambda out: (positions, query, key, cos_sin_cache, *out))
+    return _SHORTCUTS.full_path(sig, run, (positions, query, key, cos_sin_cache),
+                                lambda out: out)
 
 
 def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, validate,
@@ -376,8 +361,7 @@ def apply_rope_with_cos_sin_cache_inplace(
     sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
                                  validate, True)
     if entry:
-        launch_kernel, plan, pick = entry
-        _launch.thin_launch(launch_kernel, plan, pick((positions, query, key, cos_sin_cache)))
+        entry((positions, query, key, cos_sin_cache))
         return
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
@@ -394,4 +378,4 @@ def apply_rope_with_cos_sin_cache_inplace(
         _qk.rope_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox,
                                query_out=query, key_out=key)
 
-    _SHORTCUTS.full_path(sig, run, lambda _: (positions, query, key, cos_sin_cache))
+    _SHORTCUTS.full_path(sig, run, (positions, query, key, cos_sin_cache), lambda _: ())

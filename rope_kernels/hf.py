@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _launch, _ops
+from . import _ops
 from . import api as _api
 from . import rope_qk as _qk
 from ._validate import validate_hf_args
@@ -59,9 +59,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         except TypeError:  # an unhashable unsqueeze_dim: let the checks name it
             sig = entry = None
         if entry:
-            q_embed, k_embed = _api._empty_contiguous_like(q), _api._empty_contiguous_like(k)
-            kernel, plan, pick = entry
-            _launch.thin_launch(kernel, plan, pick((q, k, cos, sin, q_embed, k_embed)))
+            q_embed, k_embed = entry((q, k, cos, sin))
             return q_embed, k_embed
         if entry is False:  # its full path is not one launch
             sig = None
@@ -74,4 +72,4 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
                                          and (q.requires_grad or k.requires_grad)):
         return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False)
     return shortcuts.full_path(sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim),
-                               lambda out: (q, k, cos, sin, *out))
+                               (q, k, cos, sin), lambda out: out)

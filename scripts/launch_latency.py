@@ -68,6 +68,8 @@ def main(argv=None):
                                                      validate=False)
         row(f"te {label}: default call (values checked: host copy)", call)
         row(f"te {label}: validate=False", fast)
+        row(f"te {label}: validate=False, shortcut through thin_launch (no shortest path)",
+            fast, switches=[(_launch, "SHORTEST", False)])
         row(f"te {label}: validate=False, full path (no shortcut)", fast,
             switches=[(rk.api._SHORTCUTS, "enabled", False)])
         row(f"te {label}: rope_2d directly (no checks)", lambda sp=sp: rk.rope_2d(t, freqs, "bshd", sp))
@@ -108,6 +110,10 @@ def main(argv=None):
         lambda: _launch.thin_launch(r2.rope_2d_kernel, plan, pointers))
     row("host only: driver.get_current_device() + get_current_stream()",
         lambda: driver.get_current_stream(driver.get_current_device()), True)
+    if _launch._EMPTY_STRIDED_CUDA is not None:
+        row("host only: the shortest path's allocation (inductor's empty_strided_cuda)",
+            lambda: _launch._EMPTY_STRIDED_CUDA(tuple(t.shape), t.stride(), t.dtype), True)
+    row("host only: torch.empty_like(t)", lambda: torch.empty_like(t), True)
     row("host only: data_ptr() of the 5 pointer arguments", lambda: [p.data_ptr() for p in pointers], True)
     row("host only: metadata checks, signature remembered",
         lambda: validate_rope_args(t, freqs, "bshd", starts, False, None, 1, 0, True, False), True)
@@ -127,6 +133,8 @@ def main(argv=None):
     inplace = lambda: rk.apply_rope_with_cos_sin_cache_inplace(positions, q, k, d, cache,  # noqa: E731
                                                                validate=False)
     row("cache: in place, validate=False", inplace)
+    row("cache: in place, validate=False, shortcut through thin_launch (no shortest path)",
+        inplace, switches=[(_launch, "SHORTEST", False)])
     row("cache: in place, validate=False, full path (no shortcut)", inplace,
         switches=[(rk.api._SHORTCUTS, "enabled", False)])
     row("cache: rope_qk.rope_cos_sin_cache directly", lambda: rope_qk.rope_cos_sin_cache(

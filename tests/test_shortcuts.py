@@ -11,12 +11,14 @@ kernel's address-dependent plan gets a shortcut per address class.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from conftest import DEVICE, assert_rope_close, hf_reference, randn
+from conftest import DEVICE, ON_GPU, assert_rope_close, hf_reference, randn
 import rope_kernels.hf
-from rope_kernels import (RotaryPositionEmbedding, api, apply_rope_with_cos_sin_cache,
+from rope_kernels import (RotaryPositionEmbedding, _launch, api, apply_rope_with_cos_sin_cache,
                           apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb, rope_qk,
                           rope_reference)
 from test_serving import make_cache, reference as cache_reference
@@ -276,3 +278,187 @@ def test_shortcuts_off(shortcuts, seed):
         assert_rope_close(apply_rotary_pos_emb(t, freqs, fused=True),
                           rope_reference(t.double(), freqs), torch.float32)
     assert not shortcuts.entries
+
+
+# --- The shortest path (GPU, triton 3.6): an armed shortcut calls Triton's C launch function ---
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="the shortest path launches compiled kernels only")
+
+
+def _calls(entry_point, seed, aligned=True):
+    """(make(call) -> (inputs of a fresh call, run it -> outputs), reference(inputs) -> outputs):
+    decode-like calls of each entry point on fresh values per call; ``aligned=False`` starts the
+    rotated tensor one element into its storage (not 16-byte aligned)."""
+    cache, freqs = make_cache(64, 32), RotaryPositionEmbedding(32, device=DEVICE)(64)
+
+    def fresh(shape, call):
+        flat = randn((math.prod(shape) + 1,), torch.bfloat16, seed + call)
+        return (flat[:-1] if aligned else flat[1:]).view(shape)
+
+    if entry_point.startswith("te"):
+        starts = _starts(4, 48, seed) if entry_point == "te_start" else None
+
+        def make(call):
+            t = fresh((4, 1, 3, 32), call)
+            return (lambda: (apply_rotary_pos_emb(t, freqs, "bshd", starts, fused=True,
+                                                  validate=False),),
+                    lambda: (rope_reference(t.double(), freqs, "bshd", starts),))
+    elif entry_point.startswith("cache"):
+        g = torch.Generator().manual_seed(seed)
+        positions = torch.randint(0, 64, (5,), generator=g).to(DEVICE)
+
+        def make(call):
+            q, k = fresh((5, 4 * 32), call), randn((5, 2 * 32), torch.bfloat16, seed + 99 + call)
+            refs = (cache_reference(positions, q, 32, cache, True),
+                    cache_reference(positions, k, 32, cache, True))
+            if entry_point == "cache_inplace":
+                def run():
+                    apply_rope_with_cos_sin_cache_inplace(positions, q, k, 32, cache,
+                                                          validate=False)
+                    return q, k
+            else:
+                def run():
+                    return apply_rope_with_cos_sin_cache(positions, q, k, 32, cache,
+                                                         validate=False)
+            return run, lambda: refs
+    else:
+        def make(call):
+            q = fresh((2, 1, 4, 32), call).transpose(1, 2)
+            k = randn((2, 1, 2, 32), torch.bfloat16, seed + 99 + call).transpose(1, 2)
+            _, _, cos, sin = _hf_inputs(seed + call, rotary_dim=32)
+            cos, sin = cos[:, :1], sin[:, :1]
+            return (lambda: rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin),
+                    lambda: (hf_reference(q, cos, sin), hf_reference(k, cos, sin)))
+    return make
+
+
+def _spy(entry):
+    """Count the armed shortcut's calls of the C launch function."""
+    calls = []
+    driver, device, stream_of, c_launch, grid, middle, tail = entry.ready
+
+    def counted(*args):
+        calls.append(args)
+        return c_launch(*args)
+
+    entry.ready = (driver, device, stream_of, counted, grid, middle, tail)
+    return calls
+
+
+ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf"]
+
+
+@gpu
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypatch):
+    """The thin path confirms a kernel on its second dispatch, so a shortcut is armed after the
+    third call on triton 3.6 (the launcher it was written for; elsewhere it never arms). Later
+    calls take the shortest path and still match the float64 reference on fresh values."""
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    make = _calls(entry_point, seed)
+    for call in range(3):
+        run, ref = make(call)
+        for out, expected in zip(run(), ref()):
+            assert_rope_close(out, expected, torch.bfloat16, f"call {call}")
+    (entry,) = _entries(shortcuts)
+    if not triton.__version__.startswith("3.6."):
+        assert entry.ready is None
+        return
+    assert entry.ready is not None
+    launches = _spy(entry)
+    for call in range(3, 6):
+        run, ref = make(call)
+        for out, expected in zip(run(), ref()):
+            assert out.is_contiguous()
+            assert_rope_close(out, expected, torch.bfloat16, f"call {call}")
+    assert len(launches) == 3
+
+
+@gpu
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_armed_shortcut_steps_aside(entry_point, shortcuts, seed, monkeypatch):
+    """An armed shortcut hands the call to thin_launch (right results, no C call of its own) for
+    a pointer that is not 16-byte aligned (Triton compiled the kernel for aligned ones), with
+    SHORTEST off, and with a launch hook installed (which must then see the launch)."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the shortest path arms on triton 3.6 only")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    make = _calls(entry_point, seed)
+    for call in range(3):
+        make(call)[0]()
+    (entry,) = _entries(shortcuts)
+    launches = _spy(entry)
+    misaligned = _calls(entry_point, seed + 7, aligned=False)
+    for call in range(3):  # the thin path confirms the misaligned kernel meanwhile
+        run, ref = misaligned(call)
+        for out, expected in zip(run(), ref()):
+            assert_rope_close(out, expected, torch.bfloat16, f"misaligned, call {call}")
+    with monkeypatch.context() as m:
+        m.setattr(_launch, "SHORTEST", False)
+        run, ref = make(3)
+        for out, expected in zip(run(), ref()):
+            assert_rope_close(out, expected, torch.bfloat16, "SHORTEST off")
+    seen = []
+    chain = triton.knobs.runtime.launch_enter_hook
+    hook = lambda metadata: seen.append(metadata)  # noqa: E731
+    chain.add(hook)
+    try:
+        run, ref = make(4)
+        outs = run()
+    finally:
+        chain.remove(hook)
+    for out, expected in zip(outs, ref()):
+        assert_rope_close(out, expected, torch.bfloat16, "hook")
+    assert len(seen) == 1 and launches == []
+    make(5)[0]()
+    assert len(launches) == 1  # and back on the shortest path
+
+
+@gpu
+def test_armed_shortcut_falls_back_when_the_c_function_rejects_the_call(shortcuts, seed,
+                                                                       monkeypatch):
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the shortest path arms on triton 3.6 only")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    make = _calls("te", seed)
+    for call in range(3):
+        make(call)[0]()
+    (entry,) = _entries(shortcuts)
+
+    def changed(*args):  # a C launch function that takes other arguments
+        raise TypeError(f"function takes exactly {len(args) + 1} arguments")
+
+    driver, device, stream_of, _, grid, middle, tail = entry.ready
+    entry.ready = (driver, device, stream_of, changed, grid, middle, tail)
+    run, ref = make(3)
+    with pytest.warns(RuntimeWarning, match="thin launch path off"):
+        (out,) = run()
+    assert_rope_close(out, ref()[0], torch.bfloat16)
+    assert _launch.ENABLED is False
+
+
+@gpu
+@pytest.mark.parametrize("allocation", ["raises", "wrong"])
+def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, shortcuts, seed,
+                                                                   monkeypatch):
+    """The shortest path allocates through inductor's empty_strided_cuda (a private torch
+    function); arming checks once that it gives what torch.empty_strided would."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+
+    def broken(shape, stride, dtype):
+        if allocation == "raises":
+            raise TypeError("empty_strided_cuda() takes other arguments")
+        return torch.empty(0, dtype=dtype, device=DEVICE)
+
+    monkeypatch.setattr(_launch, "_EMPTY_STRIDED_CUDA", broken)
+    make = _calls("te", seed)
+    for call in range(5):
+        run, ref = make(call)
+        (out,) = run()
+        assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
+    (entry,) = _entries(shortcuts)
+    assert entry.ready is None
