@@ -26,7 +26,8 @@ wrapper would pass it. Any other version or launcher is called through ``Compile
 
 ``RECORDING``: while it is a list, every launch appends ``(kernel, plan, pointers)`` to it. The
 public entry points use this to remember, per call signature, the one launch a call makes
-(see ``api.py``), so that a repeated call goes from its arguments straight to this function.
+(see ``api.py``) as a ``Shortcut``, so that a repeated call goes from its arguments straight to
+this function, or, once the shortcut is armed, to the C launch function itself.
 
 Checked with triton 3.6.0 on the GPU machine (CI runs triton 3.7.1 on a CPU, where kernels are
 interpreted and this path is never taken).
