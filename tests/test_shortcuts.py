@@ -351,8 +351,8 @@ ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf"]
 @gpu
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypatch):
-    """The thin path confirms a kernel on its second dispatch, so a shortcut is armed after the
-    third call on triton 3.6 (the launcher it was written for; elsewhere it never arms). Later
+    """The thin path confirms a kernel on its second dispatch, so a shortcut is armed by the end
+    of its second call on triton 3.6 (the launcher it was written for; elsewhere it never arms). Later
     calls take the shortest path and still match the float64 reference on fresh values."""
     triton = pytest.importorskip("triton")
     monkeypatch.setattr(_launch, "ENABLED", True)
