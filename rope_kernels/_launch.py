@@ -256,6 +256,11 @@ class Shortcut:
                 or not _torch_cuda._initialized):
             return
         device = _cuda_get_device()
+        # The cheap condition first: this runs after every launch of a shortcut not yet armed
+        # (on every call where the launcher is not the one the direct call was written for).
+        entry = self.plan.compiled.get((device, *[0] * len(pointers)))
+        if entry is None or entry.__class__ is not tuple or entry[2] is None:
+            return
         try:  # the allocation gives what torch.empty_strided would (the contract, checked)
             probes = [_EMPTY_STRIDED_CUDA(shape, stride, dtype)
                       for shape, stride, dtype, _ in self.outs]
@@ -264,9 +269,6 @@ class Shortcut:
         if any((p.shape, p.stride(), p.dtype, p.device) != (shape, stride, dtype, out_device)
                or out_device != torch.device("cuda", device)
                for p, (shape, stride, dtype, out_device) in zip(probes, self.outs)):
-            return
-        entry = self.plan.compiled.get((device, *[0] * len(pointers)))
-        if entry is None or entry.__class__ is not tuple or entry[2] is None:
             return
         compiled, tail, (c_launch, cooperative, pdl) = entry
         self.ready = (driver, device, driver.get_current_stream, c_launch, tuple(self.plan.grid),

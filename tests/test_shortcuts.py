@@ -286,9 +286,10 @@ gpu = pytest.mark.skipif(not ON_GPU, reason="the shortest path launches compiled
 
 
 def _calls(entry_point, seed, aligned=True):
-    """(make(call) -> (inputs of a fresh call, run it -> outputs), reference(inputs) -> outputs):
-    decode-like calls of each entry point on fresh values per call; ``aligned=False`` starts the
-    rotated tensor one element into its storage (not 16-byte aligned)."""
+    """make(call) -> (run, reference): a decode-like call of the entry point on fresh values per
+    call, as two functions of no argument that return the call's outputs and their float64
+    reference. ``aligned=False`` starts the rotated tensor one element into its storage (not
+    16-byte aligned)."""
     cache, freqs = make_cache(64, 32), RotaryPositionEmbedding(32, device=DEVICE)(64)
 
     def fresh(shape, call):
@@ -352,8 +353,8 @@ ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf"]
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypatch):
     """The thin path confirms a kernel on its second dispatch, so a shortcut is armed by the end
-    of its second call on triton 3.6 (the launcher it was written for; elsewhere it never arms). Later
-    calls take the shortest path and still match the float64 reference on fresh values."""
+    of its second call on triton 3.6 (the launcher it was written for; elsewhere it never arms).
+    Later calls take the shortest path and still match the float64 reference on fresh values."""
     triton = pytest.importorskip("triton")
     monkeypatch.setattr(_launch, "ENABLED", True)
     make = _calls(entry_point, seed)
