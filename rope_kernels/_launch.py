@@ -27,7 +27,10 @@ wrapper would pass it. Any other version or launcher is called through ``Compile
 ``RECORDING``: while it is a list, every launch appends ``(kernel, plan, pointers)`` to it. The
 public entry points use this to remember, per call signature, the one launch a call makes
 (see ``api.py``) as a ``Shortcut``, so that a repeated call goes from its arguments straight to
-this function, or, once the shortcut is armed, to the C launch function itself.
+this function, or, once the shortcut is armed, to a launch plan of the package's own small C
+launcher (``_LAUNCH_C``), which takes only the call's addresses: the kernel's other parameters
+are fixed in the plan, checked once against the parameter sizes the CUDA driver reports for the
+kernel.
 
 Checked with triton 3.6.0 on the GPU machine (CI runs triton 3.7.1 on a CPU, where kernels are
 interpreted and this path is never taken).
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import operator
 import os
+import struct
+import sys
 import warnings
 
 import torch
@@ -202,25 +207,28 @@ class Shortcut:
     tensors (its inputs, then its new outputs); ``outs`` holds ``(shape, stride, dtype, device)``
     of each new output. The same tensor often fills several pointer arguments (an unused one
     gets a placeholder; an in-place call reads and writes one tensor), so each call asks only
-    the distinct tensors for their addresses (``used``) and spreads them over the arguments
-    (``spread``).
+    the distinct tensors for their addresses (``used``); ``sources`` says which of those fills
+    each pointer argument.
 
     Once the thin path has confirmed the kernel for the current device with every pointer
-    16-byte aligned and found triton 3.6's C launch function (``_direct``), ``ready`` holds that
-    launch's fixed arguments. A call then takes the shortest path if nothing differs from when
-    it was armed: no hook or debug mode, no recording, the same driver and current device, its
-    outputs on that device, every pointer aligned. It allocates its outputs through the caching
-    allocator directly and calls the C function. Anything else goes through ``thin_launch``.
+    16-byte aligned, on triton 3.6, the shortcut *arms*: ``ready`` then holds a launch plan of
+    this package's own C launcher (``_own_plan``: the kernel's parameters fixed once, checked
+    against the parameter list the driver reports). A call takes that shortest path if nothing
+    differs from when it was armed: no hook or debug mode, no recording, the same driver and
+    current device. It allocates its outputs through the caching allocator directly and hands
+    the distinct addresses to the plan, which launches unless an address is not 16-byte aligned
+    or another CUDA context is current. Anything else goes through ``thin_launch``.
     """
 
-    __slots__ = ("kernel", "plan", "used", "spread", "outs", "ready")
+    __slots__ = ("kernel", "plan", "used", "sources", "spread", "outs", "ready")
 
     def __init__(self, kernel, plan, slots, outs):
         self.kernel, self.plan, self.outs = kernel, plan, outs
         used = sorted(set(slots))
         self.used = _getter(used)
-        self.spread = _getter([used.index(i) for i in slots])
-        self.ready = None  # (driver, device, stream_of, c_launch, grid, middle, tail)
+        self.sources = tuple(used.index(i) for i in slots)
+        self.spread = _getter(self.sources)
+        self.ready = None  # (driver, device, stream_of, launch, launch plan)
 
     def __call__(self, inputs):
         """Launch for ``inputs`` (a tuple of the call's tensors); returns the new outputs."""
@@ -229,16 +237,17 @@ class Shortcut:
         if (ready is not None and SHORTEST and ENABLED and RECORDING is None
                 and _dispatch_is_plain(self.kernel) and _DRIVERS._active is ready[0]
                 and _cuda_get_device() == ready[1]):
-            _, device, stream_of, c_launch, grid, middle, tail = ready
+            _, device, stream_of, launch, plan = ready
             outs = [_EMPTY_STRIDED_CUDA(shape, stride, dtype)
                     for shape, stride, dtype, _ in self.outs]
-            addresses = [*map(_data_ptr, self.used((*inputs, *outs)))]
-            if not any(map(_low_bits, addresses)):
-                try:
-                    c_launch(*grid, stream_of(device), *middle, *self.spread(addresses), *tail)
+            try:
+                # None: launched; False: not this call (an address not 16-byte aligned, or
+                # another CUDA context current), which thin_launch then takes.
+                if launch(plan, stream_of(device),
+                          *map(_data_ptr, self.used((*inputs, *outs)))) is None:
                     return outs
-                except (TypeError, AttributeError, ValueError, SystemError) as e:
-                    disable(f"the compiled kernel's launcher rejected the call: {e}")
+            except (TypeError, AttributeError, ValueError, SystemError) as e:
+                disable(f"the shortcut's launcher rejected the call: {e}")
         if outs is None:
             outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
                     for shape, stride, dtype, device in self.outs]
@@ -270,10 +279,234 @@ class Shortcut:
                or out_device != torch.device("cuda", device)
                for p, (shape, stride, dtype, out_device) in zip(probes, self.outs)):
             return
-        compiled, tail, (c_launch, cooperative, pdl) = entry
-        self.ready = (driver, device, driver.get_current_stream, c_launch, tuple(self.plan.grid),
-                      (compiled.function, cooperative, pdl, None, None, compiled.packed_metadata,
-                       None, None, None), tail)
+        compiled, _, (_, cooperative, pdl) = entry
+        if cooperative or pdl:
+            return
+        own = _own_plan(compiled, self.plan, self.sources, len(set(self.sources)))
+        if own is not None:
+            self.ready = (driver, device, driver.get_current_stream, *own)
+
+
+# The shortcuts' own launcher: Triton's C launch function parses every argument of the kernel
+# (up to ~95) on every call; this one fixes all but the pointers once, in a plan, and takes
+# (plan, stream, distinct addresses). Built with Triton's own build helper (the compiler and
+# headers Triton needs for its launchers anyway), once per machine (Triton's cache keeps it).
+_LAUNCH_C = r"""
+#include "cuda.h"
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define MAX_PARAMS 256
+
+typedef struct {
+  CUcontext context;           /* the context current when the plan was made */
+  CUfunction function;
+  unsigned grid_x, grid_y, grid_z, block_x, shared;
+  int n_params, n_addresses, n_pointers;
+  int pointer_param[MAX_PARAMS], pointer_source[MAX_PARAMS];
+  uint64_t values[MAX_PARAMS]; /* each parameter in the low bytes of 8 (little-endian) */
+  void *params[MAX_PARAMS];
+} Plan;
+
+static void free_plan(PyObject *capsule) {
+  free(PyCapsule_GetPointer(capsule, "rope_kernels.plan"));
+}
+
+/* make_plan(function, grid_x, grid_y, grid_z, block_x, shared, values, sources, n_addresses):
+   values: 8 bytes per kernel parameter; sources: int32 per parameter, the index of its address
+   among a call's addresses, or -1 for a fixed value. */
+static PyObject *make_plan(PyObject *self, PyObject *args) {
+  unsigned long long function;
+  unsigned grid_x, grid_y, grid_z, block_x, shared;
+  int n_addresses;
+  Py_buffer values, sources;
+  if (!PyArg_ParseTuple(args, "KIIIIIy*y*i", &function, &grid_x, &grid_y, &grid_z, &block_x,
+                        &shared, &values, &sources, &n_addresses))
+    return NULL;
+  Py_ssize_t n = values.len / 8;
+  Plan *plan = NULL;
+  if (values.len != 8 * n || sources.len != 4 * n || n > MAX_PARAMS || n_addresses < 0
+      || n_addresses > MAX_PARAMS) {
+    PyErr_SetString(PyExc_ValueError, "make_plan: inconsistent parameter lists");
+  } else if (!(plan = calloc(1, sizeof(Plan)))) {
+    PyErr_NoMemory();
+  } else if (cuCtxGetCurrent(&plan->context) != CUDA_SUCCESS || !plan->context) {
+    PyErr_SetString(PyExc_RuntimeError, "make_plan: no current CUDA context");
+  } else {
+    const uint64_t *value = values.buf;
+    const int32_t *source = sources.buf;
+    plan->function = (CUfunction)(uintptr_t)function;
+    plan->grid_x = grid_x; plan->grid_y = grid_y; plan->grid_z = grid_z;
+    plan->block_x = block_x; plan->shared = shared;
+    plan->n_params = (int)n; plan->n_addresses = n_addresses;
+    for (int i = 0; i < n; i++) {
+      plan->values[i] = value[i];
+      plan->params[i] = &plan->values[i];
+      if (source[i] >= n_addresses) {
+        PyErr_SetString(PyExc_ValueError, "make_plan: an address index out of range");
+        break;
+      }
+      if (source[i] >= 0) {
+        plan->pointer_param[plan->n_pointers] = i;
+        plan->pointer_source[plan->n_pointers++] = source[i];
+      }
+    }
+  }
+  PyBuffer_Release(&values);
+  PyBuffer_Release(&sources);
+  if (PyErr_Occurred()) {
+    free(plan);
+    return NULL;
+  }
+  return PyCapsule_New(plan, "rope_kernels.plan", free_plan);
+}
+
+/* launch(plan, stream, *addresses): None once launched; False, launching nothing, when an
+   address is not 16-byte aligned or the current CUDA context is not the plan's. */
+static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  Plan *plan = nargs >= 2 ? PyCapsule_GetPointer(args[0], "rope_kernels.plan") : NULL;
+  if (!plan) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "launch(plan, stream, *addresses)");
+    return NULL;
+  }
+  if (nargs - 2 != plan->n_addresses) {
+    PyErr_Format(PyExc_TypeError, "launch takes %d addresses, got %zd", plan->n_addresses,
+                 nargs - 2);
+    return NULL;
+  }
+  uint64_t addresses[MAX_PARAMS], low_bits = 0;
+  CUstream stream = (CUstream)(uintptr_t)PyLong_AsUnsignedLongLong(args[1]);
+  for (int i = 0; i < plan->n_addresses; i++) {
+    addresses[i] = PyLong_AsUnsignedLongLong(args[2 + i]);
+    low_bits |= addresses[i];
+  }
+  if (PyErr_Occurred()) return NULL;
+  CUcontext current = NULL;
+  if ((low_bits & 15) || cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != plan->context)
+    Py_RETURN_FALSE;
+  for (int i = 0; i < plan->n_pointers; i++)
+    plan->values[plan->pointer_param[i]] = addresses[plan->pointer_source[i]];
+  CUresult status = cuLaunchKernel(plan->function, plan->grid_x, plan->grid_y, plan->grid_z,
+                                   plan->block_x, 1, 1, plan->shared, stream, plan->params, NULL);
+  if (status != CUDA_SUCCESS) {
+    const char *message = NULL;
+    cuGetErrorString(status, &message);
+    PyErr_Format(PyExc_RuntimeError, "rope_kernels: cuLaunchKernel failed: %s",
+                 message ? message : "unknown error");
+    return NULL;
+  }
+  Py_RETURN_NONE;
+}
+
+typedef CUresult (*param_info_t)(CUfunction, size_t, size_t *, size_t *);
+
+/* param_sizes(function): the size of each of the kernel's parameters, as the driver reports
+   them (cuFuncGetParamInfo, CUDA 12.4 on), or None where the driver cannot say. */
+static PyObject *param_sizes(PyObject *self, PyObject *args) {
+  unsigned long long function;
+  if (!PyArg_ParseTuple(args, "K", &function)) return NULL;
+  void *cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  param_info_t info = cuda ? (param_info_t)dlsym(cuda, "cuFuncGetParamInfo") : NULL;
+  if (!info) Py_RETURN_NONE;
+  PyObject *sizes = PyList_New(0);
+  for (size_t i = 0; sizes && i <= MAX_PARAMS; i++) {
+    size_t offset, size;
+    if (info((CUfunction)(uintptr_t)function, i, &offset, &size) != CUDA_SUCCESS) break;
+    PyObject *item = PyLong_FromSize_t(size);
+    if (!item || PyList_Append(sizes, item) < 0) Py_CLEAR(sizes);
+    Py_XDECREF(item);
+  }
+  return sizes;
+}
+
+static PyMethodDef methods[] = {
+    {"make_plan", make_plan, METH_VARARGS, NULL},
+    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, NULL},
+    {"param_sizes", param_sizes, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rope_kernels_launch", NULL, -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit_rope_kernels_launch(void) { return PyModule_Create(&module); }
+"""
+# Triton versions whose kernels' parameter lists _own_plan was checked against (3.6: the
+# kernel's non-constexpr arguments in order, then the global and profile scratch pointers).
+_OWN_LAUNCH_TRITON = ("3.6.",)
+_OWN_LAUNCHER = None  # the built module; False once building it failed
+# Bytes of each scalar parameter type, as Triton's launcher passes it (ty_to_cpp).
+_PARAM_BYTES = {"i1": 4, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
+                "u1": 4, "u8": 1, "u16": 2, "u32": 4, "u64": 8}
+
+
+def _own_launcher():
+    """The shortcuts' C launcher module, built on first use; None where it cannot be built."""
+    global _OWN_LAUNCHER
+    if _OWN_LAUNCHER is None:
+        try:
+            from triton.backends.nvidia import driver as nvidia
+            from triton.runtime.build import compile_module_from_src
+
+            _OWN_LAUNCHER = compile_module_from_src(
+                _LAUNCH_C, "rope_kernels_launch", library_dirs=nvidia.library_dirs(),
+                include_dirs=nvidia.include_dirs, libraries=nvidia.libraries)
+        except Exception as e:  # noqa: BLE001 (no compiler, other Triton layout, ...)
+            warnings.warn(f"rope_kernels: shortcuts stay on thin_launch, their launcher did not "
+                          f"build ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=4)
+            _OWN_LAUNCHER = False
+    return _OWN_LAUNCHER or None
+
+
+def _own_plan(compiled, plan, sources, n_addresses):
+    """(launch, launch plan) of the shortcuts' C launcher for ``compiled`` launched as ``plan``
+    says, its pointer arguments taken from a call's distinct addresses as ``sources`` says; None
+    where that launcher does not apply. Parameters as Triton's launcher passes them: the
+    non-constexpr arguments in the kernel's order (Triton folds arguments it specialised, such
+    as a stride of 1, into the code), then the global and profile scratch pointers, null when
+    the kernel needs no scratch memory (checked in ``_direct``). The driver's own list of the
+    kernel's parameter sizes must agree, or there is no plan."""
+    metadata = compiled.metadata
+    if (sys.byteorder != "little" or not triton.__version__.startswith(_OWN_LAUNCH_TRITON)
+            or getattr(metadata, "num_ctas", None) != 1 or len(plan.grid) != 3
+            or not all(plan.grid)):  # (Triton launches nothing for an empty grid)
+        return None
+    module = _own_launcher()
+    if module is None:
+        return None
+    try:
+        names = compiled.src.fn.arg_names
+        signature = compiled.src.signature
+        given = dict(zip(names, (*[("pointer", s) for s in sources], *plan.scalars)))
+        given.update(plan.constexprs)
+        values, where, sizes = [], [], []
+        for name, ty in signature.items():
+            if ty == "constexpr":
+                continue
+            value = given[name]
+            if ty.startswith("*"):
+                sizes.append(8)
+                values.append(0)
+                where.append(value[1])
+            elif ty in _PARAM_BYTES and type(value) in (int, bool):
+                sizes.append(_PARAM_BYTES[ty])
+                values.append(int(value) & ((1 << 8 * _PARAM_BYTES[ty]) - 1))
+                where.append(-1)
+            else:
+                return None
+        sizes += [8, 8]  # the scratch pointers
+        values += [0, 0]
+        where += [-1, -1]
+        if module.param_sizes(compiled.function) != sizes:
+            return None
+        return module.launch, module.make_plan(
+            compiled.function, *plan.grid, 32 * metadata.num_warps, metadata.shared,
+            struct.pack(f"<{len(values)}Q", *values), struct.pack(f"<{len(where)}i", *where),
+            n_addresses)
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, RuntimeError):
+        return None
 
 
 def _getter(indices):

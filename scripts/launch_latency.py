@@ -62,6 +62,13 @@ def main(argv=None):
 
     # TransformerEngine-style apply_rotary_pos_emb, bshd [64, 1, 32, 128] bf16
     row("torch.empty_like(t) alone", lambda: torch.empty_like(t))
+    # What PyTorch itself pays per call on the same host, for scale: one native elementwise
+    # kernel through the dispatcher, with and without allocating its output.
+    neg_out = torch.empty_like(t)
+    row("torch reference: t.neg() (allocation + one native kernel, through the dispatcher)",
+        lambda: t.neg())
+    row("torch reference: torch.neg(t, out=o) (one native kernel, output given)",
+        lambda: torch.neg(t, out=neg_out))
     for label, sp in (("with start_positions", starts), ("no start_positions", None)):
         call = lambda sp=sp: rk.apply_rotary_pos_emb(t, freqs, "bshd", sp, fused=True)  # noqa: E731
         fast = lambda sp=sp: rk.apply_rotary_pos_emb(t, freqs, "bshd", sp, fused=True,  # noqa: E731
@@ -106,6 +113,15 @@ def main(argv=None):
                                               None, None, *ptrs, *tail))
     else:
         print("(the compiled kernel's launcher is not the one the direct call was written for)")
+    # The armed shortcuts' own launcher: pointers t, freqs, out, then t twice as placeholders.
+    own = _launch._own_plan(compiled, plan, (0, 1, 2, 0, 0), 3)
+    if own is not None:
+        own_launch, own_plan = own
+        addresses = [p.data_ptr() for p in pointers[:3]]
+        row("launch pieces: the shortcuts' own C launcher alone, addresses ready (what an armed "
+            "shortcut calls)", lambda: own_launch(own_plan, stream, *addresses))
+    else:
+        print("(the shortcuts' own launcher does not apply here)")
     row("launch pieces: _launch.thin_launch (pointers, device, stream, checks + the above)",
         lambda: _launch.thin_launch(r2.rope_2d_kernel, plan, pointers))
     row("host only: driver.get_current_device() + get_current_stream()",

@@ -334,15 +334,18 @@ def _calls(entry_point, seed, aligned=True):
 
 
 def _spy(entry):
-    """Count the armed shortcut's calls of the C launch function."""
+    """Record the armed shortcut's launches through its own launcher (the calls that launched;
+    one that returns False handed the call to thin_launch)."""
     calls = []
-    driver, device, stream_of, c_launch, grid, middle, tail = entry.ready
+    driver, device, stream_of, launch, plan = entry.ready
 
     def counted(*args):
-        calls.append(args)
-        return c_launch(*args)
+        result = launch(*args)
+        if result is None:
+            calls.append(args)
+        return result
 
-    entry.ready = (driver, device, stream_of, counted, grid, middle, tail)
+    entry.ready = (driver, device, stream_of, counted, plan)
     return calls
 
 
@@ -418,8 +421,8 @@ def test_armed_shortcut_steps_aside(entry_point, shortcuts, seed, monkeypatch):
 
 
 @gpu
-def test_armed_shortcut_falls_back_when_the_c_function_rejects_the_call(shortcuts, seed,
-                                                                       monkeypatch):
+def test_armed_shortcut_falls_back_when_its_launcher_rejects_the_call(shortcuts, seed,
+                                                                      monkeypatch):
     triton = pytest.importorskip("triton")
     if not triton.__version__.startswith("3.6."):
         pytest.skip("the shortest path arms on triton 3.6 only")
@@ -429,11 +432,11 @@ def test_armed_shortcut_falls_back_when_the_c_function_rejects_the_call(shortcut
         make(call)[0]()
     (entry,) = _entries(shortcuts)
 
-    def changed(*args):  # a C launch function that takes other arguments
+    def changed(*args):  # a launch function that takes other arguments
         raise TypeError(f"function takes exactly {len(args) + 1} arguments")
 
-    driver, device, stream_of, _, grid, middle, tail = entry.ready
-    entry.ready = (driver, device, stream_of, changed, grid, middle, tail)
+    driver, device, stream_of, _, plan = entry.ready
+    entry.ready = (driver, device, stream_of, changed, plan)
     run, ref = make(3)
     with pytest.warns(RuntimeWarning, match="thin launch path off"):
         (out,) = run()
@@ -463,3 +466,113 @@ def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, 
         assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
     (entry,) = _entries(shortcuts)
     assert entry.ready is None
+
+
+def _own_launch_or_skip(monkeypatch):
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the shortest path arms on triton 3.6 only")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+
+
+@gpu
+def test_shortcut_not_armed_when_the_driver_reports_other_parameters(shortcuts, seed,
+                                                                     monkeypatch):
+    """The own launcher's plan fixes the kernel's parameters as triton 3.6 passes them; arming
+    compares that list with the parameter sizes the CUDA driver reports for the kernel and does
+    not arm on any difference."""
+    _own_launch_or_skip(monkeypatch)
+    module = _launch._own_launcher()
+    assert module is not None
+
+    class OneMore:  # the same launcher, but the driver reports one more parameter
+        launch, make_plan = module.launch, module.make_plan
+
+        @staticmethod
+        def param_sizes(function):
+            return module.param_sizes(function) + [8]
+
+    monkeypatch.setattr(_launch, "_own_launcher", lambda: OneMore)
+    make = _calls("te", seed)
+    for call in range(5):
+        run, ref = make(call)
+        (out,) = run()
+        assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
+    (entry,) = _entries(shortcuts)
+    assert entry.ready is None
+
+
+@gpu
+def test_own_launcher_refuses_a_misaligned_address_and_a_wrong_count(shortcuts, seed,
+                                                                      monkeypatch):
+    """The C launcher checks what the Python side no longer does per call: every address is
+    16-byte aligned (else it launches nothing and returns False), and the number of addresses."""
+    _own_launch_or_skip(monkeypatch)
+    make = _calls("te_start", seed)
+    for call in range(3):
+        make(call)[0]()
+    (entry,) = _entries(shortcuts)
+    launches = _spy(entry)
+    make(3)[0]()
+    ((plan, stream, *addresses),) = launches
+    launch = entry.ready[3]
+    with pytest.raises(TypeError, match="addresses"):
+        launch(plan, stream, *addresses, addresses[0])
+    for i in range(len(addresses)):
+        shifted = [a + 4 * (j == i) for j, a in enumerate(addresses)]
+        assert launch(plan, stream, *shifted) is False
+    assert len(launches) == 1
+
+
+@gpu
+@pytest.mark.parametrize("entry_point", ["te_start", "cache_inplace"])
+def test_armed_shortcut_called_from_another_thread(entry_point, shortcuts, seed, monkeypatch):
+    """A thread other than the one that armed the shortcut gets right results (the launcher
+    launches only while the plan's CUDA context is current, else the call takes thin_launch)."""
+    import threading
+
+    _own_launch_or_skip(monkeypatch)
+    make = _calls(entry_point, seed)
+    for call in range(3):
+        make(call)[0]()
+    (entry,) = _entries(shortcuts)
+    assert entry.ready is not None
+    results = []
+
+    def work():
+        for call in range(3, 6):
+            run, ref = make(call)
+            results.append((run(), ref()))
+            torch.cuda.synchronize()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert len(results) == 3
+    for call, (outs, refs) in enumerate(results):
+        for out, expected in zip(outs, refs):
+            assert_rope_close(out, expected, torch.bfloat16, f"thread call {call}")
+
+
+@gpu
+def test_shortcut_stays_on_thin_launch_when_its_launcher_does_not_build(shortcuts, seed,
+                                                                        monkeypatch):
+    """No C compiler (or another Triton layout): a warning, and the shortcut keeps calling
+    thin_launch with right results."""
+    _own_launch_or_skip(monkeypatch)
+    import triton.runtime.build as build
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(build, "compile_module_from_src", no_compiler)
+    monkeypatch.setattr(_launch, "_OWN_LAUNCHER", None)
+    make = _calls("te", seed)
+    with pytest.warns(RuntimeWarning, match="did not build"):
+        for call in range(5):
+            run, ref = make(call)
+            (out,) = run()
+            assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
+    (entry,) = _entries(shortcuts)
+    assert entry.ready is None
+    assert _launch.ENABLED
