@@ -444,6 +444,17 @@ def test_armed_shortcut_falls_back_when_its_launcher_rejects_the_call(shortcuts,
     assert _launch.ENABLED is False
 
 
+def _assert_right_but_not_armed(shortcuts, seed):
+    """Five TE-style calls of one signature match the reference, and its shortcut never arms."""
+    make = _calls("te", seed)
+    for call in range(5):
+        run, ref = make(call)
+        (out,) = run()
+        assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
+    (entry,) = _entries(shortcuts)
+    assert entry.ready is None
+
+
 @gpu
 @pytest.mark.parametrize("allocation", ["raises", "wrong"])
 def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, shortcuts, seed,
@@ -459,13 +470,7 @@ def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, 
         return torch.empty(0, dtype=dtype, device=DEVICE)
 
     monkeypatch.setattr(_launch, "_EMPTY_STRIDED_CUDA", broken)
-    make = _calls("te", seed)
-    for call in range(5):
-        run, ref = make(call)
-        (out,) = run()
-        assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
-    (entry,) = _entries(shortcuts)
-    assert entry.ready is None
+    _assert_right_but_not_armed(shortcuts, seed)
 
 
 def _own_launch_or_skip(monkeypatch):
@@ -493,13 +498,7 @@ def test_shortcut_not_armed_when_the_driver_reports_other_parameters(shortcuts, 
             return module.param_sizes(function) + [8]
 
     monkeypatch.setattr(_launch, "_own_launcher", lambda: OneMore)
-    make = _calls("te", seed)
-    for call in range(5):
-        run, ref = make(call)
-        (out,) = run()
-        assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
-    (entry,) = _entries(shortcuts)
-    assert entry.ready is None
+    _assert_right_but_not_armed(shortcuts, seed)
 
 
 @gpu
@@ -567,12 +566,6 @@ def test_shortcut_stays_on_thin_launch_when_its_launcher_does_not_build(shortcut
 
     monkeypatch.setattr(build, "compile_module_from_src", no_compiler)
     monkeypatch.setattr(_launch, "_OWN_LAUNCHER", None)
-    make = _calls("te", seed)
     with pytest.warns(RuntimeWarning, match="did not build"):
-        for call in range(5):
-            run, ref = make(call)
-            (out,) = run()
-            assert_rope_close(out, ref()[0], torch.bfloat16, f"call {call}")
-    (entry,) = _entries(shortcuts)
-    assert entry.ready is None
+        _assert_right_but_not_armed(shortcuts, seed)
     assert _launch.ENABLED
