@@ -282,7 +282,7 @@ class Shortcut:
         compiled, _, (_, cooperative, pdl) = entry
         if cooperative or pdl:
             return
-        own = _own_plan(compiled, self.plan, self.sources, len(set(self.sources)))
+        own = _own_plan(compiled, self.plan, self.sources)
         if own is not None:
             self.ready = (driver, device, driver.get_current_stream, *own)
 
@@ -460,9 +460,10 @@ def _own_launcher():
     return _OWN_LAUNCHER or None
 
 
-def _own_plan(compiled, plan, sources, n_addresses):
+def _own_plan(compiled, plan, sources):
     """(launch, launch plan) of the shortcuts' C launcher for ``compiled`` launched as ``plan``
-    says, its pointer arguments taken from a call's distinct addresses as ``sources`` says; None
+    says, its pointer arguments taken from a call's distinct addresses as ``sources`` says (the
+    index of each pointer argument's address among them, 0 to their number - 1); None
     where that launcher does not apply. Parameters as Triton's launcher passes them: the
     non-constexpr arguments in the kernel's order (Triton folds arguments it specialised, such
     as a stride of 1, into the code), then the global and profile scratch pointers, null when
@@ -504,7 +505,7 @@ def _own_plan(compiled, plan, sources, n_addresses):
         return module.launch, module.make_plan(
             compiled.function, *plan.grid, 32 * metadata.num_warps, metadata.shared,
             struct.pack(f"<{len(values)}Q", *values), struct.pack(f"<{len(where)}i", *where),
-            n_addresses)
+            len(set(sources)))
     except (AttributeError, KeyError, TypeError, ValueError, IndexError, RuntimeError):
         return None
 

@@ -113,11 +113,14 @@ def main(argv=None):
                                               None, None, *ptrs, *tail))
     else:
         print("(the compiled kernel's launcher is not the one the direct call was written for)")
-    # The armed shortcuts' own launcher: pointers t, freqs, out, then t twice as placeholders.
-    own = _launch._own_plan(compiled, plan, (0, 1, 2, 0, 0), 3)
+    # The armed shortcuts' own launcher, given the distinct tensors' addresses as a Shortcut
+    # would give them (t fills the two unused pointer arguments too).
+    slots = [next(i for i, x in enumerate(pointers) if x is p) for p in pointers]
+    sources_of = _launch.Shortcut(r2.rope_2d_kernel, plan, slots, ())
+    own = _launch._own_plan(compiled, plan, sources_of.sources)
     if own is not None:
         own_launch, own_plan = own
-        addresses = [p.data_ptr() for p in pointers[:3]]
+        addresses = [p.data_ptr() for p in sources_of.used(pointers)]
         row("launch pieces: the shortcuts' own C launcher alone, addresses ready (what an armed "
             "shortcut calls)", lambda: own_launch(own_plan, stream, *addresses))
     else:
