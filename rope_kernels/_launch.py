@@ -28,9 +28,9 @@ wrapper would pass it. Any other version or launcher is called through ``Compile
 public entry points use this to remember, per call signature, the one launch a call makes
 (see ``api.py``) as a ``Shortcut``, so that a repeated call goes from its arguments straight to
 this function, or, once the shortcut is armed, to a launch plan of the package's own small C
-launcher (``_LAUNCH_C``), which takes only the call's addresses: the kernel's other parameters
-are fixed in the plan, checked once against the parameter sizes the CUDA driver reports for the
-kernel.
+launcher (``_LAUNCH_C``), which takes only the call's tensors and reads their addresses: the
+kernel's other parameters are fixed in the plan, checked once against the parameter sizes the
+CUDA driver reports for the kernel.
 
 Checked with triton 3.6.0 on the GPU machine (CI runs triton 3.7.1 on a CPU, where kernels are
 interpreted and this path is never taken).
@@ -207,8 +207,8 @@ class Shortcut:
     tensors (its inputs, then its new outputs); ``outs`` holds ``(shape, stride, dtype, device)``
     of each new output. The same tensor often fills several pointer arguments (an unused one
     gets a placeholder; an in-place call reads and writes one tensor), so each call asks only
-    the distinct tensors for their addresses (``used``); ``sources`` says which of those fills
-    each pointer argument.
+    the distinct tensors for their addresses (``tensors``: their indices; ``used`` gets them);
+    ``sources`` says which of those fills each pointer argument.
 
     Once the thin path has confirmed the kernel for the current device with every pointer
     16-byte aligned, on triton 3.6, the shortcut *arms*: ``ready`` then holds a launch plan of
@@ -216,18 +216,21 @@ class Shortcut:
     against the parameter list the driver reports). A call takes that shortest path if nothing
     differs from when it was armed: no hook or debug mode, no recording, the same driver and
     current device. It allocates its outputs through the caching allocator directly and hands
-    the distinct addresses to the plan, which launches unless an address is not 16-byte aligned
-    or another CUDA context is current. Anything else goes through ``thin_launch``.
+    the call's tensors to the plan, which reads the distinct ones' addresses and launches unless
+    an address is not 16-byte aligned or another CUDA context is current. Anything else goes
+    through ``thin_launch``.
     """
 
-    __slots__ = ("kernel", "plan", "used", "sources", "spread", "outs", "ready")
+    __slots__ = ("kernel", "plan", "tensors", "used", "sources", "spread", "outs", "alloc",
+                 "ready")
 
     def __init__(self, kernel, plan, slots, outs):
         self.kernel, self.plan, self.outs = kernel, plan, outs
-        used = sorted(set(slots))
-        self.used = _getter(used)
-        self.sources = tuple(used.index(i) for i in slots)
+        self.tensors = tuple(sorted(set(slots)))  # the distinct tensors' indices
+        self.used = _getter(self.tensors)
+        self.sources = tuple(self.tensors.index(i) for i in slots)
         self.spread = _getter(self.sources)
+        self.alloc = tuple((shape, stride, dtype) for shape, stride, dtype, _ in outs)
         self.ready = None  # (driver, device, stream_of, launch, launch plan)
 
     def __call__(self, inputs):
@@ -238,13 +241,12 @@ class Shortcut:
                 and _dispatch_is_plain(self.kernel) and _DRIVERS._active is ready[0]
                 and _cuda_get_device() == ready[1]):
             _, device, stream_of, launch, plan = ready
-            outs = [_EMPTY_STRIDED_CUDA(shape, stride, dtype)
-                    for shape, stride, dtype, _ in self.outs]
+            outs = [_EMPTY_STRIDED_CUDA(*args) for args in self.alloc]
             try:
                 # None: launched; False: not this call (an address not 16-byte aligned, or
-                # another CUDA context current), which thin_launch then takes.
-                if launch(plan, stream_of(device),
-                          *map(_data_ptr, self.used((*inputs, *outs)))) is None:
+                # another CUDA context current), which thin_launch then takes. The launcher
+                # reads the distinct tensors' addresses itself.
+                if launch(plan, stream_of(device), inputs, outs) is None:
                     return outs
             except (TypeError, AttributeError, ValueError, SystemError) as e:
                 disable(f"the shortcut's launcher rejected the call: {e}")
@@ -282,15 +284,16 @@ class Shortcut:
         compiled, _, (_, cooperative, pdl) = entry
         if cooperative or pdl:
             return
-        own = _own_plan(compiled, self.plan, self.sources)
+        own = _own_plan(compiled, self.plan, self.sources, self.tensors)
         if own is not None:
             self.ready = (driver, device, driver.get_current_stream, *own)
 
 
 # The shortcuts' own launcher: Triton's C launch function parses every argument of the kernel
 # (up to ~95) on every call; this one fixes all but the pointers once, in a plan, and takes
-# (plan, stream, distinct addresses). Built with Triton's own build helper (the compiler and
-# headers Triton needs for its launchers anyway), once per machine (Triton's cache keeps it).
+# (plan, stream, the call's input tensors, its new outputs), asking the distinct tensors for
+# their addresses itself. Built with Triton's own build helper (the compiler and headers Triton
+# needs for its launchers anyway), once per machine (Triton's cache keeps it).
 _LAUNCH_C = r"""
 #include "cuda.h"
 #define PY_SSIZE_T_CLEAN
@@ -307,29 +310,36 @@ typedef struct {
   unsigned grid_x, grid_y, grid_z, block_x, shared;
   int n_params, n_addresses, n_pointers;
   int pointer_param[MAX_PARAMS], pointer_source[MAX_PARAMS];
+  int tensor[MAX_PARAMS];      /* per address: its tensor among the call's inputs + outputs */
+  PyObject *address_of;        /* tensor -> its address (torch.Tensor.data_ptr) */
   uint64_t values[MAX_PARAMS]; /* each parameter in the low bytes of 8 (little-endian) */
   void *params[MAX_PARAMS];
 } Plan;
 
 static void free_plan(PyObject *capsule) {
-  free(PyCapsule_GetPointer(capsule, "rope_kernels.plan"));
+  Plan *plan = PyCapsule_GetPointer(capsule, "rope_kernels.plan");
+  Py_XDECREF(plan->address_of);
+  free(plan);
 }
 
-/* make_plan(function, grid_x, grid_y, grid_z, block_x, shared, values, sources, n_addresses):
+/* make_plan(function, grid_x, grid_y, grid_z, block_x, shared, values, sources, tensors,
+             address_of):
    values: 8 bytes per kernel parameter; sources: int32 per parameter, the index of its address
-   among a call's addresses, or -1 for a fixed value. */
+   among the call's distinct addresses, or -1 for a fixed value; tensors: int32 per distinct
+   address, the index of its tensor among the call's inputs followed by its outputs;
+   address_of: called on such a tensor, returns its address. */
 static PyObject *make_plan(PyObject *self, PyObject *args) {
   unsigned long long function;
   unsigned grid_x, grid_y, grid_z, block_x, shared;
-  int n_addresses;
-  Py_buffer values, sources;
-  if (!PyArg_ParseTuple(args, "KIIIIIy*y*i", &function, &grid_x, &grid_y, &grid_z, &block_x,
-                        &shared, &values, &sources, &n_addresses))
+  Py_buffer values, sources, tensors;
+  PyObject *address_of;
+  if (!PyArg_ParseTuple(args, "KIIIIIy*y*y*O", &function, &grid_x, &grid_y, &grid_z, &block_x,
+                        &shared, &values, &sources, &tensors, &address_of))
     return NULL;
-  Py_ssize_t n = values.len / 8;
+  Py_ssize_t n = values.len / 8, n_addresses = tensors.len / 4;
   Plan *plan = NULL;
-  if (values.len != 8 * n || sources.len != 4 * n || n > MAX_PARAMS || n_addresses < 0
-      || n_addresses > MAX_PARAMS) {
+  if (values.len != 8 * n || sources.len != 4 * n || tensors.len != 4 * n_addresses
+      || n > MAX_PARAMS || n_addresses > MAX_PARAMS || !PyCallable_Check(address_of)) {
     PyErr_SetString(PyExc_ValueError, "make_plan: inconsistent parameter lists");
   } else if (!(plan = calloc(1, sizeof(Plan)))) {
     PyErr_NoMemory();
@@ -341,8 +351,17 @@ static PyObject *make_plan(PyObject *self, PyObject *args) {
     plan->function = (CUfunction)(uintptr_t)function;
     plan->grid_x = grid_x; plan->grid_y = grid_y; plan->grid_z = grid_z;
     plan->block_x = block_x; plan->shared = shared;
-    plan->n_params = (int)n; plan->n_addresses = n_addresses;
-    for (int i = 0; i < n; i++) {
+    plan->n_params = (int)n; plan->n_addresses = (int)n_addresses;
+    Py_INCREF(address_of);
+    plan->address_of = address_of;
+    for (int i = 0; i < n_addresses; i++) {
+      plan->tensor[i] = ((const int32_t *)tensors.buf)[i];
+      if (plan->tensor[i] < 0) {
+        PyErr_SetString(PyExc_ValueError, "make_plan: a negative tensor index");
+        break;
+      }
+    }
+    for (int i = 0; i < n && !PyErr_Occurred(); i++) {
       plan->values[i] = value[i];
       plan->params[i] = &plan->values[i];
       if (source[i] >= n_addresses) {
@@ -357,33 +376,53 @@ static PyObject *make_plan(PyObject *self, PyObject *args) {
   }
   PyBuffer_Release(&values);
   PyBuffer_Release(&sources);
+  PyBuffer_Release(&tensors);
   if (PyErr_Occurred()) {
+    if (plan) Py_XDECREF(plan->address_of);
     free(plan);
     return NULL;
   }
   return PyCapsule_New(plan, "rope_kernels.plan", free_plan);
 }
 
-/* launch(plan, stream, *addresses): None once launched; False, launching nothing, when an
-   address is not 16-byte aligned or the current CUDA context is not the plan's. */
+/* launch(plan, stream, inputs, outputs): inputs and outputs each a tuple or a list of the
+   call's tensors (None where a tensor is absent and no address comes from it). None once
+   launched; False, launching nothing, when an address is not 16-byte aligned or the current
+   CUDA context is not the plan's. */
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  Plan *plan = nargs >= 2 ? PyCapsule_GetPointer(args[0], "rope_kernels.plan") : NULL;
+  Plan *plan = nargs == 4 ? PyCapsule_GetPointer(args[0], "rope_kernels.plan") : NULL;
   if (!plan) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "launch(plan, stream, *addresses)");
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "launch(plan, stream, inputs, outputs)");
     return NULL;
   }
-  if (nargs - 2 != plan->n_addresses) {
-    PyErr_Format(PyExc_TypeError, "launch takes %d addresses, got %zd", plan->n_addresses,
-                 nargs - 2);
+  PyObject *inputs = args[2], *outputs = args[3];
+  if (!(PyTuple_Check(inputs) || PyList_Check(inputs))
+      || !(PyTuple_Check(outputs) || PyList_Check(outputs))) {
+    PyErr_SetString(PyExc_TypeError, "launch: inputs and outputs must be tuples or lists");
     return NULL;
   }
+  Py_ssize_t n_inputs = PySequence_Fast_GET_SIZE(inputs);
+  Py_ssize_t n_tensors = n_inputs + PySequence_Fast_GET_SIZE(outputs);
   uint64_t addresses[MAX_PARAMS], low_bits = 0;
   CUstream stream = (CUstream)(uintptr_t)PyLong_AsUnsignedLongLong(args[1]);
+  if (PyErr_Occurred()) return NULL;
   for (int i = 0; i < plan->n_addresses; i++) {
-    addresses[i] = PyLong_AsUnsignedLongLong(args[2 + i]);
+    int k = plan->tensor[i];
+    if (k >= n_tensors) {
+      PyErr_Format(PyExc_TypeError, "launch: the plan takes tensor %d of the call, which has "
+                   "%zd", k, n_tensors);
+      return NULL;
+    }
+    PyObject *address = PyObject_CallOneArg(
+        plan->address_of, k < n_inputs ? PySequence_Fast_GET_ITEM(inputs, k)
+                                       : PySequence_Fast_GET_ITEM(outputs, k - n_inputs));
+    if (!address) return NULL;
+    addresses[i] = PyLong_AsUnsignedLongLong(address);
+    Py_DECREF(address);
+    if (PyErr_Occurred()) return NULL;
     low_bits |= addresses[i];
   }
-  if (PyErr_Occurred()) return NULL;
   CUcontext current = NULL;
   if ((low_bits & 15) || cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != plan->context)
     Py_RETURN_FALSE;
@@ -460,11 +499,12 @@ def _own_launcher():
     return _OWN_LAUNCHER or None
 
 
-def _own_plan(compiled, plan, sources):
+def _own_plan(compiled, plan, sources, tensors):
     """(launch, launch plan) of the shortcuts' C launcher for ``compiled`` launched as ``plan``
     says, its pointer arguments taken from a call's distinct addresses as ``sources`` says (the
-    index of each pointer argument's address among them, 0 to their number - 1); None
-    where that launcher does not apply. Parameters as Triton's launcher passes them: the
+    index of each pointer argument's address among them, 0 to their number - 1), the address
+    with index i that of the call's tensor ``tensors[i]`` (an index among its inputs followed
+    by its outputs); None where that launcher does not apply. Parameters as Triton's launcher passes them: the
     non-constexpr arguments in the kernel's order (Triton folds arguments it specialised, such
     as a stride of 1, into the code), then the global and profile scratch pointers, null when
     the kernel needs no scratch memory (checked in ``_direct``). The driver's own list of the
@@ -505,7 +545,7 @@ def _own_plan(compiled, plan, sources):
         return module.launch, module.make_plan(
             compiled.function, *plan.grid, 32 * metadata.num_warps, metadata.shared,
             struct.pack(f"<{len(values)}Q", *values), struct.pack(f"<{len(where)}i", *where),
-            len(set(sources)))
+            struct.pack(f"<{len(tensors)}i", *tensors), _data_ptr)
     except (AttributeError, KeyError, TypeError, ValueError, IndexError, RuntimeError):
         return None
 

@@ -162,19 +162,24 @@ def apply_rotary_pos_emb(
     key = None
     if (fused is True and type(t) is _Tensor and type(freqs) is _Tensor and _SHORTCUTS.enabled
             and (not validate or (start_positions is None and cu_seqlens is None))
+            # Flags of exactly these types (others take the checks, which name a wrong one):
+            # then a value that merely equals an accepted one (1 for True, True for 1, 1.0)
+            # cannot share its key.
+            and (interleaved is False or interleaved is True)
+            and type(cp_size) is int and type(cp_rank) is int
+            and (start_positions is None or type(start_positions) is _Tensor)
             and not _is_compiling()
             and not (_grad_enabled() and (t.requires_grad or freqs.requires_grad))):
         # An eager call that launches once: the shortcut's key is everything the checks and the
         # launcher's plan depend on (the address modulo 16: interleaved pairs read as words).
         try:
-            # (`is True`: a non-bool interleaved must reach the checks, which name it.)
-            key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
-                   if interleaved is True else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
-                   tensor_format, None if start_positions is None
-                   else _tensor_meta(start_positions),
+            key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 if interleaved
+                   else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
+                   None if start_positions is None else (
+                       start_positions.shape, start_positions.stride(), start_positions.dtype,
+                       start_positions.device),
                    None if cu_seqlens is None else _tensor_meta(cu_seqlens),
-                   interleaved, type(interleaved), cp_size, type(cp_size), cp_rank,
-                   type(cp_rank), kernel, type(kernel), type(tensor_format))
+                   tensor_format, interleaved, cp_size, cp_rank, kernel)
             entry = _SHORTCUTS.entries.get(key)
         except (AttributeError, TypeError):  # an argument of another type: let the checks say
             key = entry = None
@@ -333,6 +338,8 @@ def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, va
     if (not _SHORTCUTS.enabled or type(query) is not _Tensor or type(key) is not _Tensor
             or type(cos_sin_cache) is not _Tensor
             or (validate and positions.numel() if type(positions) is _Tensor else True)
+            # (Flags of exactly these types, as in apply_rotary_pos_emb.)
+            or type(head_size) is not int or not (is_neox is True or is_neox is False)
             or _is_compiling()
             or (_grad_enabled() and (query.requires_grad or key.requires_grad
                                      or cos_sin_cache.requires_grad))):
@@ -340,11 +347,8 @@ def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, va
     sig = (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
            key.dtype, key.device, positions.shape, positions.stride(), positions.dtype,
            positions.device, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.dtype,
-           cos_sin_cache.device, head_size, type(head_size), is_neox, type(is_neox), in_place)
-    try:
-        entry = _SHORTCUTS.entries.get(sig)
-    except TypeError:  # an unhashable head_size or is_neox: let the checks name it
-        return None, None
+           cos_sin_cache.device, head_size, is_neox, in_place)
+    entry = _SHORTCUTS.entries.get(sig)
     return (None if entry is False else sig), entry
 
 

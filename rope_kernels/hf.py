@@ -48,16 +48,14 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     shortcuts = _api._SHORTCUTS
     sig = None
     if (type(q) is _Tensor and type(k) is _Tensor and type(cos) is _Tensor
-            and type(sin) is _Tensor and shortcuts.enabled and not _api._is_compiling()
+            and type(sin) is _Tensor and type(unsqueeze_dim) is int  # (others: the checks)
+            and shortcuts.enabled and not _api._is_compiling()
             and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
                                                or cos.requires_grad or sin.requires_grad))):
         sig = ("hf", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
                k.device, cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(),
-               sin.dtype, sin.device, unsqueeze_dim, type(unsqueeze_dim))
-        try:
-            entry = shortcuts.entries.get(sig)
-        except TypeError:  # an unhashable unsqueeze_dim: let the checks name it
-            sig = entry = None
+               sin.dtype, sin.device, unsqueeze_dim)
+        entry = shortcuts.entries.get(sig)
         if entry:
             q_embed, k_embed = entry((q, k, cos, sin))
             return q_embed, k_embed

@@ -113,16 +113,16 @@ def main(argv=None):
                                               None, None, *ptrs, *tail))
     else:
         print("(the compiled kernel's launcher is not the one the direct call was written for)")
-    # The armed shortcuts' own launcher, given the distinct tensors' addresses as a Shortcut
-    # would give them (t fills the two unused pointer arguments too).
+    # The armed shortcuts' own launcher, given the call's tensors as a Shortcut gives them (t
+    # fills the two unused pointer arguments too); it reads the distinct ones' addresses.
     slots = [next(i for i, x in enumerate(pointers) if x is p) for p in pointers]
     sources_of = _launch.Shortcut(r2.rope_2d_kernel, plan, slots, ())
-    own = _launch._own_plan(compiled, plan, sources_of.sources)
+    own = _launch._own_plan(compiled, plan, sources_of.sources, sources_of.tensors)
     if own is not None:
         own_launch, own_plan = own
-        addresses = [p.data_ptr() for p in sources_of.used(pointers)]
-        row("launch pieces: the shortcuts' own C launcher alone, addresses ready (what an armed "
-            "shortcut calls)", lambda: own_launch(own_plan, stream, *addresses))
+        row("launch pieces: the shortcuts' own C launcher alone, tensors ready (what an armed "
+            "shortcut calls; it reads their addresses)",
+            lambda: own_launch(own_plan, stream, pointers, ()))
     else:
         print("(the shortcuts' own launcher does not apply here)")
     row("launch pieces: _launch.thin_launch (pointers, device, stream, checks + the above)",

@@ -106,9 +106,20 @@ def test_other_signatures_still_get_checked(shortcuts, seed):
     with pytest.raises(TypeError, match="start_positions"):
         apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts.float(),
                              validate=False)
+    # Flags that merely equal the remembered ones (1.0 == True == 1, 0 == False) are other
+    # signatures: the checks name them.
     with pytest.raises(ValueError, match="cp_size"):
         apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts, validate=False,
                              cp_size=1.0)
+    with pytest.raises(ValueError, match="cp_size"):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts, validate=False,
+                             cp_size=True)
+    with pytest.raises(ValueError, match="cp_rank"):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts, validate=False,
+                             cp_rank=False)
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        apply_rotary_pos_emb(t, freqs, fused=True, start_positions=starts, validate=False,
+                             interleaved=0)
     if DEVICE.type == "cuda":
         with pytest.raises(ValueError, match="device"):
             apply_rotary_pos_emb(t, freqs.cpu(), fused=True, start_positions=starts,
@@ -256,6 +267,25 @@ def test_hf_calls_differing_only_in_sin_dtype_get_their_own_plan(shortcuts, seed
     assert len(rope_qk._PLANS) == 2
     assert_rope_close(q_embed, hf_reference(q, cos16, sin), torch.bfloat16, "q")
     assert_rope_close(k_embed, hf_reference(k, cos16, sin), torch.bfloat16, "k")
+
+
+def test_cache_and_hf_flags_of_other_types_get_checked(shortcuts, seed):
+    """After a cache or HF call has its shortcut, a flag that merely equals the remembered one
+    (1 for is_neox=True, True for unsqueeze_dim=1) takes the full path, whose checks name it."""
+    cache = make_cache(64, 16)
+    q = randn((4, 2 * 24), torch.float32, seed)
+    k = randn((4, 24), torch.float32, seed + 1)
+    positions = torch.tensor([0, 1, 2, 63], device=DEVICE)
+    for _ in range(2):
+        apply_rope_with_cos_sin_cache(positions, q, k, 24, cache, True, validate=False)
+    assert _entries(shortcuts)
+    with pytest.raises(TypeError, match="is_neox must be a bool"):
+        apply_rope_with_cos_sin_cache(positions, q, k, 24, cache, 1, validate=False)
+    qh, kh, cos, sin = _hf_inputs(seed)
+    for _ in range(2):
+        rope_kernels.hf.apply_rotary_pos_emb(qh, kh, cos, sin, 1)
+    with pytest.raises(ValueError, match="unsqueeze_dim"):
+        rope_kernels.hf.apply_rotary_pos_emb(qh, kh, cos, sin, True)
 
 
 def test_cache_positions_are_checked_unless_validate_is_false(shortcuts):
@@ -502,10 +532,11 @@ def test_shortcut_not_armed_when_the_driver_reports_other_parameters(shortcuts, 
 
 
 @gpu
-def test_own_launcher_refuses_a_misaligned_address_and_a_wrong_count(shortcuts, seed,
-                                                                      monkeypatch):
-    """The C launcher checks what the Python side no longer does per call: every address is
-    16-byte aligned (else it launches nothing and returns False), and the number of addresses."""
+def test_own_launcher_refuses_a_misaligned_address_and_wrong_tensors(shortcuts, seed,
+                                                                     monkeypatch):
+    """The C launcher checks what the Python side no longer does per call: every address it
+    reads is 16-byte aligned (else it launches nothing and returns False), and the call has the
+    tensors the plan reads (else TypeError, launching nothing)."""
     _own_launch_or_skip(monkeypatch)
     make = _calls("te_start", seed)
     for call in range(3):
@@ -513,13 +544,25 @@ def test_own_launcher_refuses_a_misaligned_address_and_a_wrong_count(shortcuts, 
     (entry,) = _entries(shortcuts)
     launches = _spy(entry)
     make(3)[0]()
-    ((plan, stream, *addresses),) = launches
+    ((plan, stream, inputs, outputs),) = launches
     launch = entry.ready[3]
-    with pytest.raises(TypeError, match="addresses"):
-        launch(plan, stream, *addresses, addresses[0])
-    for i in range(len(addresses)):
-        shifted = [a + 4 * (j == i) for j, a in enumerate(addresses)]
-        assert launch(plan, stream, *shifted) is False
+    tensors = (*inputs, *outputs)
+    read = sorted(set(entry.tensors))
+    assert read == [0, 1, 2, 4]  # t, freqs, start_positions (not cu_seqlens: None), output
+    with pytest.raises(TypeError, match="launch"):
+        launch(plan, stream, inputs)
+    with pytest.raises(TypeError, match="tensor 4 of the call, which has 3"):
+        launch(plan, stream, inputs[:3], [])
+    with pytest.raises(TypeError, match="data_ptr"):
+        launch(plan, stream, (None, *inputs[1:]), outputs)
+    for i in read:
+        # The same dtype 4 or 8 bytes into a larger allocation: not 16-byte aligned.
+        x = tensors[i]
+        shifted = torch.empty(x.numel() + 16, dtype=x.dtype, device=x.device)[
+            max(1, 4 // x.element_size()):]
+        assert shifted.data_ptr() % 16
+        moved = [shifted if j == i else y for j, y in enumerate(tensors)]
+        assert launch(plan, stream, tuple(moved[:len(inputs)]), moved[len(inputs):]) is False
     assert len(launches) == 1
 
 
