@@ -502,13 +502,13 @@ def _own_launcher():
 def _own_plan(compiled, plan, sources, tensors):
     """(launch, launch plan) of the shortcuts' C launcher for ``compiled`` launched as ``plan``
     says, its pointer arguments taken from a call's distinct addresses as ``sources`` says (the
-    index of each pointer argument's address among them, 0 to their number - 1), the address
-    with index i that of the call's tensor ``tensors[i]`` (an index among its inputs followed
-    by its outputs); None where that launcher does not apply. Parameters as Triton's launcher passes them: the
-    non-constexpr arguments in the kernel's order (Triton folds arguments it specialised, such
-    as a stride of 1, into the code), then the global and profile scratch pointers, null when
-    the kernel needs no scratch memory (checked in ``_direct``). The driver's own list of the
-    kernel's parameter sizes must agree, or there is no plan."""
+    index of each pointer argument's address among them, 0 to their number - 1), address i
+    being that of the call's tensor ``tensors[i]`` (an index among its inputs followed by its
+    outputs); None where that launcher does not apply. Parameters as Triton's launcher passes
+    them: the non-constexpr arguments in the kernel's order (Triton folds arguments it
+    specialised, such as a stride of 1, into the code), then the global and profile scratch
+    pointers, null when the kernel needs no scratch memory (checked in ``_direct``). The
+    driver's own list of the kernel's parameter sizes must agree, or there is no plan."""
     metadata = compiled.metadata
     if (sys.byteorder != "little" or not triton.__version__.startswith(_OWN_LAUNCH_TRITON)
             or getattr(metadata, "num_ctas", None) != 1 or len(plan.grid) != 3
