@@ -266,6 +266,38 @@ def apply_fused_qkv_rotary_pos_emb(
         launch; differentiable (the backward, one launch too, returns a new contiguous
         qkv-shaped gradient).
     """
+    sig = None
+    if (type(qkv) is _Tensor and type(q_freqs) is _Tensor and type(k_freqs) is _Tensor
+            and _SHORTCUTS.enabled and cu_seqlens is None
+            and (not validate or start_positions is None)
+            # Flags and splits of exactly these types, as in apply_rotary_pos_emb.
+            and (interleaved is False or interleaved is True)
+            and type(cp_size) is int and type(cp_rank) is int
+            and (start_positions is None or type(start_positions) is _Tensor)
+            and type(qkv_split_arg_list) in (list, tuple) and len(qkv_split_arg_list) == 3
+            and not _is_compiling()
+            and not (_grad_enabled() and (qkv.requires_grad or q_freqs.requires_grad
+                                          or k_freqs.requires_grad))):
+        q_split, k_split, v_split = qkv_split_arg_list
+        if type(q_split) is int and type(k_split) is int and type(v_split) is int:
+            # (Whether q and k read one table decides the plan: their addresses are compared.)
+            sig = ("qkv", qkv.shape, qkv.stride(), qkv.dtype, qkv.device, q_freqs.shape,
+                   q_freqs.stride(), q_freqs.dtype, q_freqs.device, k_freqs.shape,
+                   k_freqs.stride(), k_freqs.dtype, k_freqs.device,
+                   q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
+                   None if start_positions is None else (
+                       start_positions.shape, start_positions.stride(), start_positions.dtype,
+                       start_positions.device),
+                   tensor_format, interleaved, cp_size, cp_rank)
+            try:
+                entry = _SHORTCUTS.entries.get(sig)
+            except TypeError:  # an unhashable tensor_format: let the checks name it
+                sig = entry = None
+            if entry:
+                q, k, v = entry((qkv, q_freqs, k_freqs, start_positions))
+                return q, k, v
+            if entry is False:  # a signature whose full path is not one launch
+                sig = None
     compiling = torch.compiler.is_compiling()
     validate_qkv_args(qkv, q_freqs, k_freqs, qkv_split_arg_list, tensor_format, start_positions,
                       interleaved, cu_seqlens, cp_size, cp_rank,
@@ -276,8 +308,13 @@ def apply_fused_qkv_rotary_pos_emb(
     if compiling or _needs_grad(qkv):
         return _ops.rope_qkv(qkv, q_freqs, k_freqs, splits, tensor_format, start_positions,
                              interleaved, cp_size, cp_rank)
-    return _qk.rope_qkv(qkv, q_freqs, k_freqs, splits, tensor_format, start_positions,
-                        interleaved, cp_size, cp_rank)
+
+    def run():
+        return _qk.rope_qkv(qkv, q_freqs, k_freqs, splits, tensor_format, start_positions,
+                            interleaved, cp_size, cp_rank)
+
+    return _SHORTCUTS.full_path(sig, run, (qkv, q_freqs, k_freqs, start_positions),
+                                lambda out: out)
 
 
 def apply_rope_with_cos_sin_cache(

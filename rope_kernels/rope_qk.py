@@ -214,6 +214,7 @@ def rope_qk_kernel(
     v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
     t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b,
     cp_size, cp_rank,
+    k_offset, k_out_offset, v_offset, v_out_offset,  # packed QKV: where k, v start (elements)
     q_blocks, k_blocks, part_blocks,  # head blocks of q, of k, and of all parts together
     s_blocks,  # cdiv(seq_len, BLOCK_S)
     ANGLES: tl.constexpr,
@@ -243,6 +244,13 @@ def rope_qk_kernel(
     # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
     # With ALL_HEADS a program loops over the head blocks of every part itself.
     pid = tl.program_id(0)
+    # Fused QKV passes its packed tensor whole, with where k and v start in it, rather than
+    # views into it: every pointer argument is then one of the call's own tensors (the package's
+    # shortcuts rely on that). Elsewhere the offsets are 0.
+    k_ptr += k_offset
+    k_out_ptr += k_out_offset
+    v_ptr += v_offset
+    v_out_ptr += v_out_offset
     if ALL_HEADS:
         pid_h = 0
         rest = pid
@@ -404,10 +412,12 @@ def _max_offset(sizes, strides) -> int:
 
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
-          backward, cp_size, cp_rank, t_strides, p_strides, same_table):
+          backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0)):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
-    angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both)."""
+    angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
+    ``offsets``: elements from the k input, k output, v input and v output pointers to the first
+    element of each (a packed tensor passed whole)."""
     (seq_len, batch, qg, qu, head_dim), q_in, q_out = q
     (_, _, kg, ku, _), k_in, k_out = k
     q_heads, k_heads = qg * qu, kg * ku
@@ -431,7 +441,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
     scalars = (seq_len, batch, q_heads, k_heads, v_heads, qu, ku, rotary_dim, head_dim, v_dim,
                *q_in, *q_out, *k_in, *k_out, *v_strides, *t_strides, *p_strides, cp_size,
-               cp_rank, q_blocks, k_blocks, part_blocks, s_blocks)
+               cp_rank, *offsets, q_blocks, k_blocks, part_blocks, s_blocks)
     constexprs = dict(
         ANGLES=angles,
         ALL_HEADS=all_heads,
@@ -528,15 +538,18 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
                      has_start=start_positions is not None, interleaved=interleaved,
                      backward=backward, cp_size=cp_size, cp_rank=cp_rank,
                      t_strides=(0, q_freqs.stride(0), q_freqs.stride(-1)), p_strides=(0, 0),
-                     same_table=same_table)
+                     same_table=same_table, offsets=offsets)
 
-    # The k and v parts of the packed tensor start q_split and q_split + k_split channels in.
-    k_packed = qkv_like[..., splits[0]:]
-    v_packed = qkv_like[..., splits[0] + splits[1]:]
+    # The k and v parts of the packed tensor start q_split and q_split + k_split channels in:
+    # the kernel gets the packed tensor itself and these offsets.
+    k_start = splits[0] * qkv_like.stride(-1)
+    v_start = (splits[0] + splits[1]) * qkv_like.stride(-1)
     if backward:
-        ptrs = (q, qkv_like, k, k_packed, v, v_packed)
+        ptrs = (q, qkv_like, k, qkv_like, v, qkv_like)
+        offsets = (0, k_start, 0, v_start)
     else:
-        ptrs = (qkv_like, q, k_packed, k, v_packed, v)
+        ptrs = (qkv_like, q, qkv_like, k, qkv_like, v)
+        offsets = (k_start, 0, v_start, 0)
     _run(sig, make_plan, (*ptrs, q_freqs, k_freqs, q_freqs, qkv_like,
                           start_positions if start_positions is not None else qkv_like))
 

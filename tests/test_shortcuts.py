@@ -18,7 +18,8 @@ import torch
 
 from conftest import DEVICE, ON_GPU, assert_rope_close, hf_reference, randn
 import rope_kernels.hf
-from rope_kernels import (RotaryPositionEmbedding, _launch, api, apply_rope_with_cos_sin_cache,
+from rope_kernels import (RotaryPositionEmbedding, _launch, api, apply_fused_qkv_rotary_pos_emb,
+                          apply_rope_with_cos_sin_cache,
                           apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb, rope_qk,
                           rope_reference)
 from test_serving import make_cache, reference as cache_reference
@@ -64,6 +65,75 @@ def test_te_calls_through_the_shortcut_match_reference(fmt, dtype, with_start, s
         assert_rope_close(out, rope_reference(t.double(), freqs, fmt, **kw), dtype,
                           f"call {call}")
     assert len(_entries(shortcuts)) == 1
+
+
+def _qkv_reference(qkv, freqs, splits, start_positions=None, tensor_format="bshd"):
+    """TE's unfused recipe in float64: split, q reshaped to its heads, RoPE on q and k."""
+    q, k, v = torch.split(qkv.double(), splits, dim=3)
+    q = q.reshape(*q.shape[:2], -1, splits[1])
+    return (rope_reference(q, freqs, tensor_format, start_positions),
+            rope_reference(k, freqs, tensor_format, start_positions), v)
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+@pytest.mark.parametrize("with_start", [False, True])
+@pytest.mark.parametrize("one_table", [True, False])
+def test_qkv_calls_through_the_shortcut_match_reference(fmt, with_start, one_table, shortcuts,
+                                                        seed, monkeypatch):
+    """Fused QKV takes the shortcut too: calls after the first launch from the remembered plan
+    (the full path made to fail) and match TE's unfused recipe; the input is untouched, the
+    outputs are new, and q and k reading one table or two are different signatures."""
+    freqs = RotaryPositionEmbedding(16, device=DEVICE)(40)
+    k_freqs = freqs if one_table else freqs.clone()
+    splits = [48, 24, 16]  # 2 q heads a group, head size 24, rotary_dim 16 < 24
+    shape = (5, 2, 3, sum(splits)) if fmt == "sbhd" else (2, 5, 3, sum(splits))
+    starts = _starts(2, 30, seed) if with_start else None
+    for call in range(3):
+        qkv = randn(shape, torch.float32, seed + call)
+        before = qkv.clone()
+        outs = apply_fused_qkv_rotary_pos_emb(qkv, freqs, k_freqs, splits, fmt, starts,
+                                              validate=False)
+        assert type(outs) is tuple and len(outs) == 3
+        assert torch.equal(qkv, before), "the input was modified"
+        for out, expected, name in zip(outs, _qkv_reference(qkv, freqs, splits, starts, fmt),
+                                       "qkv"):
+            assert out.is_contiguous() and out.shape == expected.shape, name
+            assert_rope_close(out, expected, torch.float32, f"{name}, call {call}")
+        if call == 0:
+            assert len(_entries(shortcuts)) == 1
+            full_path = (api.validate_qkv_args, api._qk.rope_qkv)
+            monkeypatch.setattr(api, "validate_qkv_args", _fail)
+            monkeypatch.setattr(api._qk, "rope_qkv", _fail)
+    monkeypatch.setattr(api, "validate_qkv_args", full_path[0])
+    monkeypatch.setattr(api._qk, "rope_qkv", full_path[1])
+    other = freqs.clone() if one_table else freqs  # the other table layout: a new signature
+    apply_fused_qkv_rotary_pos_emb(qkv, freqs, other, splits, fmt, starts, validate=False)
+    assert len(_entries(shortcuts)) == 2
+
+
+def _fail(*args, **kwargs):
+    raise AssertionError("the full path ran")
+
+
+def test_qkv_shortcut_leaves_checks_to_the_full_path(shortcuts, seed):
+    """No shortcut where the full path checks values or gets a flag or split of another type."""
+    freqs = RotaryPositionEmbedding(16, device=DEVICE)(16)
+    qkv = randn((4, 2, 3, 40), torch.float32, seed)
+    good = torch.tensor([0, 12], dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [16, 16, 8], start_positions=good)
+    assert not shortcuts.entries  # validate=True with start_positions: values checked each time
+    with pytest.raises(ValueError, match="freqs has 16 rows"):
+        apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [16, 16, 8], start_positions=good + 1)
+    for _ in range(2):
+        apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [16, 16, 8])
+    assert len(_entries(shortcuts)) == 1
+    with pytest.raises(ValueError, match="cp_size"):
+        apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [16, 16, 8], cp_size=True)
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [16, 16, 8], interleaved=0)
+    with pytest.raises((TypeError, ValueError), match="qkv_split_arg_list"):
+        apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [16.0, 16, 8])
 
 
 def test_te_shortcut_is_taken(shortcuts, seed, monkeypatch):
@@ -326,7 +396,16 @@ def _calls(entry_point, seed, aligned=True):
         flat = randn((math.prod(shape) + 1,), torch.bfloat16, seed + call)
         return (flat[:-1] if aligned else flat[1:]).view(shape)
 
-    if entry_point.startswith("te"):
+    if entry_point == "qkv":
+        starts = _starts(4, 48, seed)
+
+        def make(call):
+            # [b, s, h, q_split + k_split + v_split]: 2 groups of 2 q heads, one k, one v.
+            qkv = fresh((4, 1, 2, 4 * 32), call)
+            return (lambda: apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [64, 32, 32],
+                                                           "bshd", starts, validate=False),
+                    lambda: _qkv_reference(qkv, freqs, [64, 32, 32], starts))
+    elif entry_point.startswith("te"):
         starts = _starts(4, 48, seed) if entry_point == "te_start" else None
 
         def make(call):
@@ -379,7 +458,7 @@ def _spy(entry):
     return calls
 
 
-ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf"]
+ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf", "qkv"]
 
 
 @gpu
