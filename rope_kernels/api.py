@@ -285,9 +285,7 @@ def apply_fused_qkv_rotary_pos_emb(
                    q_freqs.stride(), q_freqs.dtype, q_freqs.device, k_freqs.shape,
                    k_freqs.stride(), k_freqs.dtype, k_freqs.device,
                    q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
-                   None if start_positions is None else (
-                       start_positions.shape, start_positions.stride(), start_positions.dtype,
-                       start_positions.device),
+                   None if start_positions is None else _tensor_meta(start_positions),
                    tensor_format, interleaved, cp_size, cp_rank)
             try:
                 entry = _SHORTCUTS.entries.get(sig)

@@ -527,6 +527,17 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
            None if start_positions is None else start_positions.dtype,
            bool(interleaved), cp_size, cp_rank, bool(backward), same_table)
 
+    # The k and v parts of the packed tensor start q_split and q_split + k_split channels in:
+    # the kernel gets the packed tensor itself and these offsets.
+    k_start = splits[0] * qkv_like.stride(-1)
+    v_start = (splits[0] + splits[1]) * qkv_like.stride(-1)
+    if backward:
+        ptrs = (q, qkv_like, k, qkv_like, v, qkv_like)
+        offsets = (0, k_start, 0, v_start)
+    else:
+        ptrs = (qkv_like, q, qkv_like, k, qkv_like, v)
+        offsets = (k_start, 0, v_start, 0)
+
     def make_plan():
         packed = _qkv_parts(qkv_like, tensor_format, splits, h)
         split = [_heads_parts(x, tensor_format, h) for x in (q, k, v)]
@@ -540,16 +551,6 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
                      t_strides=(0, q_freqs.stride(0), q_freqs.stride(-1)), p_strides=(0, 0),
                      same_table=same_table, offsets=offsets)
 
-    # The k and v parts of the packed tensor start q_split and q_split + k_split channels in:
-    # the kernel gets the packed tensor itself and these offsets.
-    k_start = splits[0] * qkv_like.stride(-1)
-    v_start = (splits[0] + splits[1]) * qkv_like.stride(-1)
-    if backward:
-        ptrs = (q, qkv_like, k, qkv_like, v, qkv_like)
-        offsets = (0, k_start, 0, v_start)
-    else:
-        ptrs = (qkv_like, q, qkv_like, k, qkv_like, v)
-        offsets = (k_start, 0, v_start, 0)
     _run(sig, make_plan, (*ptrs, q_freqs, k_freqs, q_freqs, qkv_like,
                           start_positions if start_positions is not None else qkv_like))
 

@@ -23,6 +23,7 @@ from rope_kernels import (RotaryPositionEmbedding, _launch, api, apply_fused_qkv
                           apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb, rope_qk,
                           rope_reference)
 from test_serving import make_cache, reference as cache_reference
+from test_qkv import _reference as qkv_reference
 
 
 @pytest.fixture
@@ -68,11 +69,9 @@ def test_te_calls_through_the_shortcut_match_reference(fmt, dtype, with_start, s
 
 
 def _qkv_reference(qkv, freqs, splits, start_positions=None, tensor_format="bshd"):
-    """TE's unfused recipe in float64: split, q reshaped to its heads, RoPE on q and k."""
-    q, k, v = torch.split(qkv.double(), splits, dim=3)
-    q = q.reshape(*q.shape[:2], -1, splits[1])
-    return (rope_reference(q, freqs, tensor_format, start_positions),
-            rope_reference(k, freqs, tensor_format, start_positions), v)
+    """TE's unfused recipe (test_qkv's reference) in float64, one table for q and k."""
+    return qkv_reference(qkv.double(), freqs, freqs, splits, tensor_format=tensor_format,
+                         start_positions=start_positions)
 
 
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
