@@ -67,8 +67,53 @@ _low_bits = (15).__and__  # x -> x & 15
 # CUDA device without the dispatcher (0.1-0.3 us less than torch.empty_like on the H200 hosts
 # measured). None where this torch lacks it; then the shortcuts allocate through
 # torch.empty_strided.
-_EMPTY_STRIDED_CUDA = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None),
-                              "_empty_strided_cuda", None)
+_TORCH_GUARDS = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+_EMPTY_STRIDED_CUDA = getattr(_TORCH_GUARDS, "_empty_strided_cuda", None)
+_TENSOR_GUARDS = getattr(_TORCH_GUARDS, "TensorGuards", None)
+_GUARDS_KEPT = None  # whether _TENSOR_GUARDS keeps its contract (tested on first use)
+
+
+def _guards_for(tensors):
+    """torch.compile's tensor guards for ``tensors``, every size and stride static."""
+    return _TENSOR_GUARDS(*tensors, dynamic_dims_sizes=[list(x.shape) for x in tensors],
+                          dynamic_dims_strides=[list(x.stride()) for x in tensors]).check
+
+
+def _guards_keep_contract() -> bool:
+    """The contract ``tensor_check`` relies on, tried on small CPU tensors: a check accepts
+    other tensors with the same metadata, and refuses another dtype, shape, stride, device,
+    ``requires_grad`` or a non-tensor in any place."""
+    a, b = torch.empty(2, 3), torch.empty(4, dtype=torch.int32)
+    check = _guards_for((a, b))
+    same = torch.empty(4, dtype=torch.int32)
+    refused = [(torch.empty(2, 3, dtype=torch.float64), b), (torch.empty(3, 2), b),
+               (torch.empty(3, 2).t(), b), (a[:, :2], b), (torch.empty(1, 2, 3), b),
+               (torch.empty(2, 3, requires_grad=True), b), (torch.empty(2, 3, device="meta"), b),
+               (a, torch.empty(5, dtype=torch.int32)), (a, torch.empty(4, dtype=torch.int64)),
+               (a, None), (None, b), (a, 4)]
+    return (check(a, b) is True and check(torch.empty(2, 3), same) is True
+            and not any(check(*args) for args in refused))
+
+
+def tensor_check(tensors):
+    """``check(*others)``: True only where each of ``others`` is a tensor with the dtype, device,
+    shape, strides, ``requires_grad`` and dispatch keys of the one at its place in ``tensors``.
+
+    It is torch.compile's own tensor guard (C++; for four tensors a third of the time of
+    building a key of their metadata in Python and hashing it). A private torch class, so its
+    contract is tried once per process (``_guards_keep_contract``); None where this torch has
+    no such class or it fails that test (the caller then keys on the metadata itself).
+    """
+    global _GUARDS_KEPT
+    if _TENSOR_GUARDS is None:
+        return None
+    try:
+        if _GUARDS_KEPT is None:
+            _GUARDS_KEPT = _guards_keep_contract()
+        return _guards_for(tensors) if _GUARDS_KEPT else None
+    except (TypeError, ValueError, RuntimeError, AttributeError):
+        _GUARDS_KEPT = False
+        return None
 
 
 class _Pending:
@@ -222,7 +267,7 @@ class Shortcut:
     """
 
     __slots__ = ("kernel", "plan", "tensors", "used", "sources", "spread", "outs", "alloc",
-                 "ready")
+                 "ready", "check")
 
     def __init__(self, kernel, plan, slots, outs):
         self.kernel, self.plan, self.outs = kernel, plan, outs
@@ -232,6 +277,7 @@ class Shortcut:
         self.spread = _getter(self.sources)
         self.alloc = tuple((shape, stride, dtype) for shape, stride, dtype, _ in outs)
         self.ready = None  # (driver, device, stream_of, launch, launch plan)
+        self.check = None  # its signature's tensor check (api._Shortcuts.remember), or False
 
     def __call__(self, inputs):
         """Launch for ``inputs`` (a tuple of the call's tensors); returns the new outputs."""

@@ -55,11 +55,35 @@ class _Shortcuts:
 
     The entry points read ``entries`` inline (``entries.get(key)``, then ``entry(inputs)``): a
     method call per step is a measurable part of a decode-sized call.
+
+    Before building its key, a call tries the ``recent`` signatures, the last few found by key,
+    each ``(flags, check, entry)``: the call's flags (its entry point's tag, then every argument
+    that is not a tensor, and which optional tensors are None) compared by value, then its
+    tensors by ``check`` (``_launch.tensor_check``: their dtypes, devices, shapes and strides
+    against the ones the key was built from, with ``_ABSENT`` for a None tensor). What the key
+    holds is therefore what flags and check compare: a match is the entry the key would find,
+    at a third of the cost of building and hashing the key.
     """
+
+    RECENT = 4  # signatures tried before the key: q and k of a layer, the QKV and cache calls
 
     def __init__(self):
         self.enabled = True  # False: every call takes the full path
         self.entries: dict = {}
+        self.recent: tuple = ()
+
+    def remember(self, flags, tensors, entry):
+        """Put ``entry``, just found by its key for a call with these flags and tensors (None
+        ones replaced by ``_ABSENT``), first among the ``recent`` signatures."""
+        recent = self.recent
+        if recent and recent[0][2] is entry:
+            return
+        check = entry.check
+        if check is None:  # built once per entry, from the tensors of the first call found
+            check = entry.check = _launch.tensor_check(tensors) or False
+        if check:
+            self.recent = ((flags, check, entry),
+                           *[r for r in recent if r[2] is not entry][:self.RECENT - 1])
 
     def full_path(self, key, run, inputs, outputs_of):
         """``run()`` (the full path); with a ``key`` (the signature, not yet in ``entries``),
@@ -91,6 +115,7 @@ class _Shortcuts:
 
 
 _SHORTCUTS = _Shortcuts()
+_ABSENT = torch.empty(0)  # stands for a None tensor argument in a shortcut's tensor check
 
 
 def _tensor_meta(x):
@@ -171,19 +196,27 @@ def apply_rotary_pos_emb(
             and not _is_compiling()
             and not (_grad_enabled() and (t.requires_grad or freqs.requires_grad))):
         # An eager call that launches once: the shortcut's key is everything the checks and the
-        # launcher's plan depend on (the address modulo 16: interleaved pairs read as words).
+        # launcher's plan depend on (the address modulo 16: interleaved pairs read as words),
+        # first tried as flags and a tensor check against the recent signatures.
+        flags = ("te", tensor_format, interleaved, t.data_ptr() & 15 if interleaved else 0,
+                 cp_size, cp_rank, kernel, start_positions is None, cu_seqlens is None)
+        guarded = (t, freqs, _ABSENT if start_positions is None else start_positions,
+                   _ABSENT if cu_seqlens is None else cu_seqlens)
+        for known, check, entry in _SHORTCUTS.recent:
+            if known == flags and check(*guarded):
+                return entry((t, freqs, start_positions, cu_seqlens))[0]
         try:
-            key = (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 if interleaved
-                   else 0, freqs.shape, freqs.stride(), freqs.dtype, freqs.device,
+            key = (flags, t.shape, t.stride(), t.dtype, t.device, freqs.shape, freqs.stride(),
+                   freqs.dtype, freqs.device,
                    None if start_positions is None else (
                        start_positions.shape, start_positions.stride(), start_positions.dtype,
                        start_positions.device),
-                   None if cu_seqlens is None else _tensor_meta(cu_seqlens),
-                   tensor_format, interleaved, cp_size, cp_rank, kernel)
+                   None if cu_seqlens is None else _tensor_meta(cu_seqlens))
             entry = _SHORTCUTS.entries.get(key)
         except (AttributeError, TypeError):  # an argument of another type: let the checks say
             key = entry = None
         if entry:
+            _SHORTCUTS.remember(flags, guarded, entry)
             return entry((t, freqs, start_positions, cu_seqlens))[0]
         if entry is False:  # a signature whose full path is not one launch
             key = None
@@ -281,17 +314,24 @@ def apply_fused_qkv_rotary_pos_emb(
         q_split, k_split, v_split = qkv_split_arg_list
         if type(q_split) is int and type(k_split) is int and type(v_split) is int:
             # (Whether q and k read one table decides the plan: their addresses are compared.)
-            sig = ("qkv", qkv.shape, qkv.stride(), qkv.dtype, qkv.device, q_freqs.shape,
+            flags = ("qkv", q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
+                     tensor_format, interleaved, cp_size, cp_rank, start_positions is None)
+            guarded = (qkv, q_freqs, k_freqs,
+                       _ABSENT if start_positions is None else start_positions)
+            for known, check, entry in _SHORTCUTS.recent:
+                if known == flags and check(*guarded):
+                    q, k, v = entry((qkv, q_freqs, k_freqs, start_positions))
+                    return q, k, v
+            sig = (flags, qkv.shape, qkv.stride(), qkv.dtype, qkv.device, q_freqs.shape,
                    q_freqs.stride(), q_freqs.dtype, q_freqs.device, k_freqs.shape,
                    k_freqs.stride(), k_freqs.dtype, k_freqs.device,
-                   q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
-                   None if start_positions is None else _tensor_meta(start_positions),
-                   tensor_format, interleaved, cp_size, cp_rank)
+                   None if start_positions is None else _tensor_meta(start_positions))
             try:
                 entry = _SHORTCUTS.entries.get(sig)
             except TypeError:  # an unhashable tensor_format: let the checks name it
                 sig = entry = None
             if entry:
+                _SHORTCUTS.remember(flags, guarded, entry)
                 q, k, v = entry((qkv, q_freqs, k_freqs, start_positions))
                 return q, k, v
             if entry is False:  # a signature whose full path is not one launch
@@ -379,11 +419,17 @@ def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, va
             or (_grad_enabled() and (query.requires_grad or key.requires_grad
                                      or cos_sin_cache.requires_grad))):
         return None, None
-    sig = (query.shape, query.stride(), query.dtype, query.device, key.shape, key.stride(),
-           key.dtype, key.device, positions.shape, positions.stride(), positions.dtype,
-           positions.device, cos_sin_cache.shape, cos_sin_cache.stride(), cos_sin_cache.dtype,
-           cos_sin_cache.device, head_size, is_neox, in_place)
+    flags = ("cache", head_size, is_neox, in_place)
+    for known, check, entry in _SHORTCUTS.recent:
+        if known == flags and check(positions, query, key, cos_sin_cache):
+            return None, entry
+    sig = (flags, query.shape, query.stride(), query.dtype, query.device, key.shape,
+           key.stride(), key.dtype, key.device, positions.shape, positions.stride(),
+           positions.dtype, positions.device, cos_sin_cache.shape, cos_sin_cache.stride(),
+           cos_sin_cache.dtype, cos_sin_cache.device)
     entry = _SHORTCUTS.entries.get(sig)
+    if entry:
+        _SHORTCUTS.remember(flags, (positions, query, key, cos_sin_cache), entry)
     return (None if entry is False else sig), entry
 
 

@@ -52,11 +52,17 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
             and shortcuts.enabled and not _api._is_compiling()
             and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
                                                or cos.requires_grad or sin.requires_grad))):
-        sig = ("hf", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
+        flags = ("hf", unsqueeze_dim)
+        for known, check, entry in shortcuts.recent:  # (see rope_kernels.api._Shortcuts)
+            if known == flags and check(q, k, cos, sin):
+                q_embed, k_embed = entry((q, k, cos, sin))
+                return q_embed, k_embed
+        sig = (flags, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
                k.device, cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(),
-               sin.dtype, sin.device, unsqueeze_dim)
+               sin.dtype, sin.device)
         entry = shortcuts.entries.get(sig)
         if entry:
+            shortcuts.remember(flags, (q, k, cos, sin), entry)
             q_embed, k_embed = entry((q, k, cos, sin))
             return q_embed, k_embed
         if entry is False:  # its full path is not one launch

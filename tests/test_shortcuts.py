@@ -379,6 +379,153 @@ def test_shortcuts_off(shortcuts, seed):
     assert not shortcuts.entries
 
 
+# --- The recent signatures: flags and a tensor check before the key (api._Shortcuts.recent) ---
+
+
+def _te_variants(seed):
+    """The remembered TE call (sbhd bf16 with start_positions, validate=False) as keyword
+    arguments, and calls that each differ from it in one property the key holds."""
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    t = randn((8, 2, 4, 32), torch.bfloat16, seed)
+    starts = _starts(2, 8, seed)
+    base = dict(t=t, freqs=freqs, tensor_format="sbhd", start_positions=starts)
+    variants = {
+        "dtype": dict(base, t=t.float()),
+        "shape": dict(base, t=randn((8, 2, 3, 32), torch.bfloat16, seed + 1)),
+        "strides": dict(base, t=randn((2, 8, 4, 32), torch.bfloat16, seed + 2).transpose(0, 1)),
+        "table rows": dict(base, freqs=RotaryPositionEmbedding(32, device=DEVICE)(24)),
+        "table width": dict(base, freqs=RotaryPositionEmbedding(16, device=DEVICE)(16)),
+        "no start_positions": dict(base, start_positions=None),
+        "int64 start_positions": dict(base, start_positions=starts.long()),
+        "tensor_format": dict(base, tensor_format="bshd",
+                              start_positions=_starts(8, 8, seed)),
+        "interleaved": dict(base, interleaved=True),
+        "cp_rank": dict(base, cp_size=2, cp_rank=1),
+        "kernel": dict(base, kernel="1d"),
+    }
+    return base, variants
+
+
+def _te_call(kw):
+    return apply_rotary_pos_emb(fused=True, validate=False, **kw)
+
+
+def _te_expected(kw):
+    kw = {k: v for k, v in kw.items() if k != "kernel"}
+    return rope_reference(kw.pop("t").double(), kw.pop("freqs"), **kw)
+
+
+def test_recent_signature_answers_without_the_key(shortcuts, seed, monkeypatch):
+    """The second call finds its entry by key and puts it among the recent signatures; the
+    third is answered by flags and tensor check alone (the key's dict made to fail)."""
+    if _launch.tensor_check((torch.empty(1),)) is None:
+        pytest.skip("this torch has no tensor guards that keep the contract")
+    base, _ = _te_variants(seed)
+    for _ in range(2):
+        _te_call(base)
+    assert len(shortcuts.recent) == 1
+
+    class NoLookups(dict):
+        def get(self, key, default=None):
+            raise AssertionError("the key was built and looked up")
+
+    shortcuts.entries = NoLookups(shortcuts.entries)
+    call = dict(base, t=randn(base["t"].shape, torch.bfloat16, seed + 5))
+    assert_rope_close(_te_call(call), _te_expected(call), torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", list(_te_variants(0)[1]))
+def test_recent_signature_refuses_a_call_that_differs(variant, shortcuts, seed):
+    """A call that differs from a recent signature in one property of its key is not answered
+    by it: it takes the full path (a new entry) and matches the reference."""
+    base, variants = _te_variants(seed)
+    for _ in range(2):
+        _te_call(base)
+    known = len(shortcuts.entries)
+    kw = variants[variant]
+    out = _te_call(kw)
+    assert len(shortcuts.entries) == known + 1, "a recent signature answered the call"
+    dtype = kw["t"].dtype
+    assert_rope_close(out, _te_expected(kw), dtype, variant)
+
+
+def test_recent_signatures_are_the_last_four_found(shortcuts, seed):
+    """Calls alternating over five signatures keep the four found last, the latest first, and
+    every call is right."""
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    for step in range(3):
+        for heads in range(1, 6):
+            t = randn((4, 2, heads, 32), torch.float32, seed + 10 * step + heads)
+            out = apply_rotary_pos_emb(t, freqs, fused=True)
+            assert_rope_close(out, rope_reference(t.double(), freqs), torch.float32)
+            if step and _launch.tensor_check((t,)) is not None:
+                assert shortcuts.recent[0][2] is shortcuts.entries[
+                    next(k for k, e in shortcuts.entries.items() if k[1] == t.shape)]
+    assert len(shortcuts.recent) == (0 if _launch.tensor_check((t,)) is None else 4)
+
+
+def test_recent_signatures_off_when_tensor_guards_break_their_contract(shortcuts, seed,
+                                                                       monkeypatch):
+    """torch's tensor guards are private: if they do not refuse what they must (here a fake
+    whose check accepts anything), no signature is remembered by them, and calls of other
+    shapes still get their own plans."""
+
+    class Lenient:
+        def __init__(self, *tensors, **kwargs):
+            pass
+
+        def check(self, *tensors):
+            return True
+
+    monkeypatch.setattr(_launch, "_TENSOR_GUARDS", Lenient)
+    monkeypatch.setattr(_launch, "_GUARDS_KEPT", None)
+    freqs = RotaryPositionEmbedding(32, device=DEVICE)(16)
+    for heads in (2, 2, 2, 3, 3):
+        t = randn((4, 2, heads, 32), torch.float32, seed + heads)
+        assert_rope_close(apply_rotary_pos_emb(t, freqs, fused=True),
+                          rope_reference(t.double(), freqs), torch.float32)
+    assert _launch._GUARDS_KEPT is False and shortcuts.recent == ()
+
+
+def test_tensor_guards_keep_their_contract_here():
+    """On this torch, its tensor guards pass the contract test (else the recent signatures
+    would be silently off)."""
+    if _launch._TENSOR_GUARDS is None:
+        pytest.skip("this torch has no torch._C._dynamo.guards.TensorGuards")
+    assert _launch._guards_keep_contract()
+    check = _launch.tensor_check((randn((3, 4), torch.bfloat16, 1), _starts(3, 5, 2)))
+    assert check(randn((3, 4), torch.bfloat16, 3), _starts(3, 5, 4))
+    assert not check(randn((3, 4), torch.float16, 3), _starts(3, 5, 4))
+
+
+def test_cache_and_hf_recent_signatures_refuse_other_calls(shortcuts, seed):
+    """The cache call's flags hold in_place: after the out-of-place call is recent, the in-place
+    call of the same tensors takes its own path (and writes in place); a cache call with
+    fewer k heads or HF calls with other cos dtype are other signatures too."""
+    cache = make_cache(64, 16)
+    positions = torch.tensor([0, 5, 2, 63], device=DEVICE)
+    q = randn((4, 2 * 24), torch.float32, seed)
+    k = randn((4, 2 * 24), torch.float32, seed + 1)
+    for _ in range(2):
+        q_out, _ = apply_rope_with_cos_sin_cache(positions, q, k, 24, cache, validate=False)
+    q_ref = cache_reference(positions, q, 24, cache, True)
+    k_ref = cache_reference(positions, k, 24, cache, True)
+    apply_rope_with_cos_sin_cache_inplace(positions, q, k, 24, cache, validate=False)
+    assert_rope_close(q, q_ref, torch.float32, "query in place")
+    assert_rope_close(k, k_ref, torch.float32, "key in place")
+    k1 = randn((4, 24), torch.float32, seed + 2)
+    _, k_out = apply_rope_with_cos_sin_cache(positions, q, k1, 24, cache, validate=False)
+    assert_rope_close(k_out, cache_reference(positions, k1, 24, cache, True), torch.float32,
+                      "one k head")
+    qh, kh, cos, sin = _hf_inputs(seed)
+    for _ in range(2):
+        rope_kernels.hf.apply_rotary_pos_emb(qh, kh, cos, sin)
+    cos16 = cos.to(torch.bfloat16)
+    q_embed, _ = rope_kernels.hf.apply_rotary_pos_emb(qh, kh, cos16, sin)
+    assert_rope_close(q_embed, hf_reference(qh, cos16, sin), torch.bfloat16, "bf16 cos")
+    assert len(_entries(shortcuts)) == 5  # cache out / in place / one k head, HF twice
+
+
 # --- The shortest path (GPU, triton 3.6): an armed shortcut calls Triton's C launch function ---
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="the shortest path launches compiled kernels only")
