@@ -100,7 +100,8 @@ def tensor_check(tensors):
     shape, strides, ``requires_grad`` and dispatch keys of the one at its place in ``tensors``.
 
     It is torch.compile's own tensor guard (C++; for four tensors a third of the time of
-    building a key of their metadata in Python and hashing it). A private torch class, so its
+    building a key of their metadata in Python and hashing it). It also returns False where one
+    tensor object fills two places (torch 2.11 and 2.13). A private torch class, so its
     contract is tried once per process (``_guards_keep_contract``); None where this torch has
     no such class or it fails that test (the caller then keys on the metadata itself).
     """

@@ -60,9 +60,11 @@ class _Shortcuts:
     each ``(flags, check, entry)``: the call's flags (its entry point's tag, then every argument
     that is not a tensor, and which optional tensors are None) compared by value, then its
     tensors by ``check`` (``_launch.tensor_check``: their dtypes, devices, shapes and strides
-    against the ones the key was built from, with ``_ABSENT`` for a None tensor). What the key
+    against the ones the key was built from, with a stand-in for a None tensor). What the key
     holds is therefore what flags and check compare: a match is the entry the key would find,
-    at a third of the cost of building and hashing the key.
+    at a third of the cost of building and hashing the key. (The check also refuses one tensor
+    object in two places, as torch.compile's guard does; such a call, q and k the same tensor
+    for instance, simply takes the key.)
     """
 
     RECENT = 4  # signatures tried before the key: q and k of a layer, the QKV and cache calls
@@ -115,7 +117,9 @@ class _Shortcuts:
 
 
 _SHORTCUTS = _Shortcuts()
-_ABSENT = torch.empty(0)  # stands for a None tensor argument in a shortcut's tensor check
+# Stand-ins in a shortcut's tensor check for a None tensor argument, or for a table that is the
+# same object as the one before it (the guard refuses one tensor passed twice): one per place.
+_ABSENT_3, _ABSENT_4 = torch.empty(0), torch.empty(0)
 
 
 def _tensor_meta(x):
@@ -200,8 +204,8 @@ def apply_rotary_pos_emb(
         # first tried as flags and a tensor check against the recent signatures.
         flags = ("te", tensor_format, interleaved, t.data_ptr() & 15 if interleaved else 0,
                  cp_size, cp_rank, kernel, start_positions is None, cu_seqlens is None)
-        guarded = (t, freqs, _ABSENT if start_positions is None else start_positions,
-                   _ABSENT if cu_seqlens is None else cu_seqlens)
+        guarded = (t, freqs, _ABSENT_3 if start_positions is None else start_positions,
+                   _ABSENT_4 if cu_seqlens is None else cu_seqlens)
         for known, check, entry in _SHORTCUTS.recent:
             if known == flags and check(*guarded):
                 return entry((t, freqs, start_positions, cu_seqlens))[0]
@@ -316,8 +320,8 @@ def apply_fused_qkv_rotary_pos_emb(
             # (Whether q and k read one table decides the plan: their addresses are compared.)
             flags = ("qkv", q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
                      tensor_format, interleaved, cp_size, cp_rank, start_positions is None)
-            guarded = (qkv, q_freqs, k_freqs,
-                       _ABSENT if start_positions is None else start_positions)
+            guarded = (qkv, q_freqs, _ABSENT_3 if k_freqs is q_freqs else k_freqs,
+                       _ABSENT_4 if start_positions is None else start_positions)
             for known, check, entry in _SHORTCUTS.recent:
                 if known == flags and check(*guarded):
                     q, k, v = entry((qkv, q_freqs, k_freqs, start_positions))

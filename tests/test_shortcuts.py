@@ -415,14 +415,18 @@ def _te_expected(kw):
     return rope_reference(kw.pop("t").double(), kw.pop("freqs"), **kw)
 
 
-def test_recent_signature_answers_without_the_key(shortcuts, seed, monkeypatch):
+@pytest.mark.parametrize("entry_point", ["te", "te_start", "cache", "cache_inplace", "hf",
+                                         "qkv"])
+def test_recent_signature_answers_without_the_key(entry_point, shortcuts, seed):
     """The second call finds its entry by key and puts it among the recent signatures; the
-    third is answered by flags and tensor check alone (the key's dict made to fail)."""
+    third is answered by flags and tensor check alone (the key's dict made to fail), for every
+    entry point, with None tensors (te) and one table for q and k (qkv: the same object
+    twice, which the guard alone would refuse)."""
     if _launch.tensor_check((torch.empty(1),)) is None:
         pytest.skip("this torch has no tensor guards that keep the contract")
-    base, _ = _te_variants(seed)
-    for _ in range(2):
-        _te_call(base)
+    make = _calls(entry_point, seed)
+    for call in range(2):
+        make(call)[0]()
     assert len(shortcuts.recent) == 1
 
     class NoLookups(dict):
@@ -430,8 +434,9 @@ def test_recent_signature_answers_without_the_key(shortcuts, seed, monkeypatch):
             raise AssertionError("the key was built and looked up")
 
     shortcuts.entries = NoLookups(shortcuts.entries)
-    call = dict(base, t=randn(base["t"].shape, torch.bfloat16, seed + 5))
-    assert_rope_close(_te_call(call), _te_expected(call), torch.bfloat16)
+    run, reference = make(2)
+    for out, expected in zip(run(), reference()):
+        assert_rope_close(out, expected, torch.bfloat16, entry_point)
 
 
 @pytest.mark.parametrize("variant", list(_te_variants(0)[1]))
