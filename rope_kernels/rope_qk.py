@@ -362,11 +362,17 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     heads (its cache row read once, not once per head block), k's blocks sized to k. From
     scripts/qk_tile_sweep.py on an H200 (bf16, 16q/4k and 32q/8k heads at head_dim 64 and 128,
     32q/32k: as fast or up to 4% faster than one head block per program; at 64q/8k and in
-    float32 one head block per program stays ahead)."""
+    float32 one head block per program stays ahead). Except where rows are 256 B or more and k
+    fills a 2 KB block (bf16 head_dim 128 with 8 k heads or more): there one token's 2 KB head
+    block per program, on 2 warps, was 0.7-2.1 points of copy ahead of the all-heads program
+    forward, in place and backward at 32q/8k, 32q/32k and batch 1 (shuffled rounds on an H200;
+    level at 16q/4k, where k fills half a block and the all-heads program stays)."""
     width = _next_pow2(head_dim)
     row = width * element_size
     if (on_gpu and angles == ANGLES["cache"] and not interleaved
             and (q_heads + k_heads) * row <= 16384):
+        if row >= 256 and k_heads * row >= 2048:
+            return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
         if q_heads * row <= 4096:  # all of q in one block, all of k in another
             return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
                         num_warps=2, all_heads=True)
