@@ -76,7 +76,7 @@ class _Shortcuts:
 
     def remember(self, flags, tensors, entry):
         """Put ``entry``, just found by its key for a call with these flags and tensors (None
-        ones replaced by ``_ABSENT``), first among the ``recent`` signatures."""
+        ones replaced by their stand-ins), first among the ``recent`` signatures."""
         recent = self.recent
         if recent and recent[0][2] is entry:
             return
@@ -412,8 +412,9 @@ def apply_rope_with_cos_sin_cache(
 def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, validate,
                     in_place):
     """(the shortcut key of an eager apply_rope_with_cos_sin_cache(_inplace) call or None, its
-    entry or None): the key is None where the call cannot take the shortcut or its full path is
-    not one launch, the entry None where it is not known yet."""
+    entry or None): the key is None where the call cannot take the shortcut, its full path is
+    not one launch or a recent signature answered it (the entry then given), the entry None
+    where it is not known yet."""
     if (not _SHORTCUTS.enabled or type(query) is not _Tensor or type(key) is not _Tensor
             or type(cos_sin_cache) is not _Tensor
             or (validate and positions.numel() if type(positions) is _Tensor else True)

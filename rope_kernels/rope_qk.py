@@ -363,10 +363,11 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     scripts/qk_tile_sweep.py on an H200 (bf16, 16q/4k and 32q/8k heads at head_dim 64 and 128,
     32q/32k: as fast or up to 4% faster than one head block per program; at 64q/8k and in
     float32 one head block per program stays ahead). Except where rows are 256 B or more and k
-    fills a 2 KB block (bf16 head_dim 128 with 8 k heads or more): there one token's 2 KB head
-    block per program, on 2 warps, was 0.7-2.1 points of copy ahead of the all-heads program
-    forward, in place and backward at 32q/8k, 32q/32k and batch 1 (shuffled rounds on an H200;
-    level at 16q/4k, where k fills half a block and the all-heads program stays)."""
+    fills a 2 KB block (bf16 head_dim 128 with 8 k heads or more, fp32 head_dim 64): there one
+    token's 2 KB head block per program, on 2 warps, was 0.3-2.3 points of copy ahead of the
+    all-heads program forward, in place and backward at 32q/8k, 32q/32k, batch 1-4 and 1024
+    tokens, 0.5-0.8 in fp32, level or ahead at 16q/8k and 8q/8k (4 shuffled rounds on an
+    H200); at 16q/4k bf16, where k fills half a block, the all-heads program stays (level)."""
     width = _next_pow2(head_dim)
     row = width * element_size
     if (on_gpu and angles == ANGLES["cache"] and not interleaved
