@@ -116,8 +116,8 @@ def main(argv=None):
     # The armed shortcuts' own launcher, given the call's tensors as a Shortcut gives them (t
     # fills the two unused pointer arguments too); it reads the distinct ones' addresses.
     slots = [next(i for i, x in enumerate(pointers) if x is p) for p in pointers]
-    sources_of = _launch.Shortcut(r2.rope_2d_kernel, plan, slots, ())
-    own = _launch._own_plan(compiled, plan, sources_of.sources, sources_of.tensors)
+    shortcut = _launch.Shortcut(r2.rope_2d_kernel, plan, slots, ())
+    own = _launch._own_plan(compiled, plan, shortcut.sources, shortcut.tensors)
     if own is not None:
         own_launch, own_plan = own
         row("launch pieces: the shortcuts' own C launcher alone, tensors ready (what an armed "
