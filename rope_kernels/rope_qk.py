@@ -348,7 +348,8 @@ TILE_BYTES = 8192  # input bytes per program on a GPU
 
 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
-                   on_gpu: bool, interleaved: bool = False, angles: int = 0) -> dict:
+                   on_gpu: bool, interleaved: bool = False, angles: int = 0,
+                   rotary_dim: Optional[int] = None) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
@@ -367,9 +368,19 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     token's 2 KB head block per program, on 2 warps, was 0.3-2.3 points of copy ahead of the
     all-heads program forward, in place and backward at 32q/8k, 32q/32k, batch 1-4 and 1024
     tokens, 0.5-0.8 in fp32, level or ahead at 16q/8k and 8q/8k (4 shuffled rounds on an
-    H200); at 16q/4k bf16, where k fills half a block, the all-heads program stays (level)."""
+    H200); at 16q/4k bf16, where k fills half a block, the all-heads program stays (level).
+
+    Hugging Face's cos and sin (``angles`` 2) under the same condition, with the whole head
+    rotated (``rotary_dim`` None or head_dim): one 2 KB head block per program on 2 warps, against
+    4 tokens x 8 heads on 4 warps: +0.5 to +1.9 points of copy forward and backward at bf16
+    32q/8k, 32q/32k, 64q/8k, 16q/8k, batch 4, 1024 tokens and fp32 head_dim 128 (3 shuffled rounds
+    on an H200, 2026-11-24); fp32 head_dim 64 moved -1.7 forward and +1.9 backward;
+    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and row >= 256
+            and k_heads * row >= 2048 and rotary_dim in (None, head_dim)):
+        return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cache"] and not interleaved
             and (q_heads + k_heads) * row <= 16384):
         if row >= 256 and k_heads * row >= 2048:
@@ -431,7 +442,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     on_gpu = device.type == "cuda"
     element_size = torch.empty((), dtype=dtype).element_size()
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         angles)
+                         angles, rotary_dim)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # Programs of one head block index every part by the same block size; programs of all

@@ -75,3 +75,17 @@ def test_qkv(mode, same_table, seed):
                       torch.float32, "q")
     assert_rope_close(k, rope_reference(k_in.double(), k_freqs), torch.float32, "k")
     assert torch.equal(v, v_in)
+
+
+def test_default_config_of_hugging_face_tables():
+    """One 2 KB head block per program for Hugging Face's cos/sin where a row is 256 B or more,
+    k fills a block and the whole head is rotated; partial rotary and the interpreter keep their
+    tiles (the measured reasons are in default_config's docstring)."""
+    hf_tables = rope_qk.ANGLES["cos_sin"]
+    one_block = dict(block_s=1, block_h=8, num_warps=2, all_heads=False)
+    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, False, hf_tables, 128) == one_block
+    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, False, hf_tables) == one_block
+    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, False, hf_tables, 64) != one_block
+    assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, hf_tables, 128) != one_block
+    assert rope_qk.default_config(4096, 32, 8, 128, 2, False, False, hf_tables, 128) != one_block
+    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, True, hf_tables, 128) != one_block

@@ -1,0 +1,87 @@
+"""The benchmark's summary (CPU: it reads rows, it times nothing): fractions of the 2 GB copy
+and of a copy of the same bytes, and peers compared with the call of ours that does the same job
+(an in-place peer with our in-place call, the others with the call that returns new tensors)."""
+
+from __future__ import annotations
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from rope_kernels import bench  # noqa: E402
+
+SHAPE = dict(gpu="GPU", direction="forward", tensor_format="bshd", dtype="bf16", seq_len=4096,
+             batch=16, heads=32, head_dim=128, rotary_dim=128, n_seqs=16, sweep="heads",
+             copy_gbps=4000.0, timing="do_bench median", entry="te", k_heads=None,
+             copy_same_gbps=3900.0)
+MB = 1024.0  # bytes moved by every row, in MB: above the summary's 256 MB line
+
+
+def rows(times: dict, **shape) -> list[dict]:
+    """One row per implementation, ``times`` in ms; bandwidth from the bytes moved."""
+    return [dict(SHAPE, **shape, impl=impl, ms=ms, gbps=MB / ms) for impl, ms in
+            times.items()]
+
+
+def table_and_worst(df):
+    text = bench.summary(df)
+    return text, [line for line in text.splitlines() if "worst" in line]
+
+
+def test_in_place_peer_is_compared_with_our_in_place_call():
+    # Liger (in place) beats our call that allocates, but not our in-place call; flash-attn
+    # (out of place) is slower than both.
+    df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.95,
+                            "Liger-Kernel (q+k, in place)": 0.968,
+                            "flash-attn rotary (Triton)": 1.05}))
+    text, worst = table_and_worst(df)
+    ratio = [line for line in worst if "same job" in line][0]
+    assert f"{0.968 / 0.95:.3f} (Liger-Kernel (q+k, in place))" in ratio, ratio
+    table = text.split("\n\n")[0]
+    assert f"{0.968 / 1.00:.3f}" in table  # speedup_any_min: the allocating call against Liger
+
+
+def test_out_of_place_peer_decides_where_it_is_the_closest():
+    df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.90,
+                            "Liger-Kernel (q+k, in place)": 0.99,
+                            "flash-attn rotary (Triton)": 1.02}))
+    _, worst = table_and_worst(df)
+    ratio = [line for line in worst if "same job" in line][0]
+    assert f"{1.02:.3f} (flash-attn rotary (Triton))" in ratio, ratio
+
+
+def test_without_our_in_place_row_the_primary_call_is_compared():
+    df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "Liger-Kernel (q+k, in place)": 0.98}))
+    _, worst = table_and_worst(df)
+    ratio = [line for line in worst if "same job" in line][0]
+    assert f"{0.98:.3f} (Liger-Kernel" in ratio, ratio
+
+
+def test_fraction_of_a_copy_of_the_same_bytes():
+    df = pd.DataFrame(rows({"triton-2d (ours)": 0.30}))  # 1024 MB in 0.3 ms: 3413 GB/s
+    _, worst = table_and_worst(df)
+    line = [line for line in worst if "worst fraction" in line][0]
+    gbps = MB / 0.30
+    assert f"{gbps / 4000:.3f} ({gbps / 3900:.3f} of a copy of the same bytes)" in line, line
+
+
+def test_rows_recorded_before_the_same_bytes_copy_still_summarise():
+    df = pd.DataFrame(rows({"triton-2d (ours)": 0.30, "flash-attn rotary (Triton)": 0.33}))
+    df = df.drop(columns="copy_same_gbps")
+    _, worst = table_and_worst(df)
+    line = [line for line in worst if "worst fraction" in line][0]
+    assert "same bytes" not in line and f"{MB / 0.30 / 4000:.3f}" in line
+
+
+def test_copy_same_bytes_asks_for_half_the_bytes_each_way(monkeypatch):
+    asked = []
+    monkeypatch.setattr(bench, "copy_bandwidth_gbps", lambda nbytes: asked.append(nbytes) or 1.0)
+    bench.copy_same_bytes_gbps(300 * 2**20)
+    assert asked == [150 * 2**20]
+
+
+def test_recorded_summary_names_the_worst_of_every_entry_point():
+    df, _ = bench.load_recorded()
+    _, worst = table_and_worst(df)
+    for entry in ("te", "qk", "qkv"):
+        assert any(line.startswith(f"{entry}: worst fraction of copy") for line in worst), entry
