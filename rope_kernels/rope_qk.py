@@ -349,7 +349,7 @@ TILE_BYTES = 8192  # input bytes per program on a GPU
 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, interleaved: bool = False, angles: int = 0,
-                   rotary_dim: Optional[int] = None) -> dict:
+                   rotary_dim: Optional[int] = None, in_place: bool = False) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
@@ -375,9 +375,18 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     4 tokens x 8 heads on 4 warps: +0.5 to +1.9 points of copy forward and backward at bf16
     32q/8k, 32q/32k, 64q/8k, 16q/8k, batch 4, 1024 tokens and fp32 head_dim 128 (3 shuffled rounds
     on an H200, 2026-11-24); fp32 head_dim 64 moved -1.7 forward and +1.9 backward;
-    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below."""
+    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below.
+
+    The cos/sin cache in place (``in_place``: the outputs are the inputs, as vLLM calls it) at
+    head_dim 128: one block of 8 heads of one token per program on 2 warps (2 KB in 16-bit, 4 KB
+    in fp32). Against the rules above, in place (H200, 3 shuffled rounds, forward / backward):
+    bf16 16q/4k 0.924/0.920 -> 0.934/0.926, batch 2 0.838/0.840 -> 0.834/0.849, batch 1 level,
+    fp32 32q/32k 0.947/0.948 -> 0.976/0.976, fp32 batch 1 +0.3/+0.3 points; bf16 32q/8k already
+    ran it."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if on_gpu and in_place and angles == ANGLES["cache"] and not interleaved and width == 128:
+        return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)), num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and row >= 256
             and k_heads * row >= 2048 and rotary_dim in (None, head_dim)):
         return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
@@ -430,7 +439,8 @@ def _max_offset(sizes, strides) -> int:
 
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
-          backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0)):
+          backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0),
+          in_place=False):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
@@ -442,7 +452,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     on_gpu = device.type == "cuda"
     element_size = torch.empty((), dtype=dtype).element_size()
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         angles, rotary_dim)
+                         angles, rotary_dim, in_place)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # Programs of one head block index every part by the same block size; programs of all
@@ -654,7 +664,8 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
     sig = ("cache", query.shape, query.stride(), q_out_strides, key.shape, key.stride(),
            k_out_strides, query.dtype, key.dtype, query_out.dtype, key_out.dtype, query.device,
            positions.stride(), positions.dtype, cos_sin_cache.stride(), cos_sin_cache.dtype,
-           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward))
+           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward),
+           query_out is query and key_out is key)  # in place: its own tiles
 
     def make_plan():
         (q_sizes, q_in), (k_sizes, k_in) = (_tokens_heads(query, head_size),
@@ -665,7 +676,8 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
                      rotary_dim=cos_sin_cache.shape[-1], has_positions=True, has_start=False,
                      interleaved=not is_neox, backward=backward, cp_size=1, cp_rank=0,
                      t_strides=(0, cos_sin_cache.stride(0), cos_sin_cache.stride(1)),
-                     p_strides=(positions.stride(0), 0), same_table=True)
+                     p_strides=(positions.stride(0), 0), same_table=True,
+                     in_place=query_out is query and key_out is key)
 
     _run(sig, make_plan, (query, query_out, key, key_out, query, query, cos_sin_cache,
                           cos_sin_cache, cos_sin_cache, positions, query))

@@ -170,3 +170,25 @@ def test_reference_gradcheck_float64():
     starts = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
     assert torch.autograd.gradcheck(
         lambda x: rope_reference(x, emb, "sbhd", start_positions=starts, interleaved=True), (t,))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [8, 12, 32])
+@pytest.mark.parametrize("backward", [False, True])
+def test_rope_2d_in_place_bshd_head_dim_128(dtype, heads, backward):
+    """rope_2d(out=t) at the shapes of its in-place tiles (on a GPU: 8 heads of one position a
+    program; 12 heads leave a partly masked block): float64 reference; a second view of the
+    same memory as out (not the same object) takes the out-of-place tiles, also in place."""
+    seed = 1000 * heads + 2 * backward + (dtype == torch.float16)
+    t = randn((3, 17, heads, 128), dtype, seed)
+    freqs = RotaryPositionEmbedding(128, device=DEVICE)(17)
+    ref = rope_reference(t.double(), freqs, "bshd")
+    if backward:  # the transpose: rotation by the negated angles
+        ref = rope_reference(t.double(), -freqs, "bshd")
+    x = t.clone()
+    out = rope_2d(x, freqs, "bshd", backward=backward, out=x)
+    assert out is x
+    assert_rope_close(x, ref, dtype, "in place")
+    y = t.clone()
+    rope_2d(y, freqs, "bshd", backward=backward, out=y.view(y.shape))
+    assert_rope_close(y, ref, dtype, "in place through another view")

@@ -89,3 +89,43 @@ def test_default_config_of_hugging_face_tables():
     assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, hf_tables, 128) != one_block
     assert rope_qk.default_config(4096, 32, 8, 128, 2, False, False, hf_tables, 128) != one_block
     assert rope_qk.default_config(4096, 32, 8, 128, 2, True, True, hf_tables, 128) != one_block
+
+
+def test_default_config_of_the_cache_in_place():
+    """The cache written in place at head_dim 128 (vLLM's call): one token's 8 heads a program,
+    2 warps; out of place, interleaved or on the interpreter the other rules decide."""
+    cache = rope_qk.ANGLES["cache"]
+    in_place = dict(block_s=1, block_h=8, num_warps=2, all_heads=False)
+    for element_size in (2, 4):
+        for q_heads, k_heads in ((16, 4), (32, 8), (32, 32)):
+            got = rope_qk.default_config(4096, q_heads, k_heads, 128, element_size, True, False,
+                                         cache, 128, True)
+            assert got == in_place, (element_size, q_heads, k_heads)
+    assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, cache, 128) != in_place
+    assert rope_qk.default_config(4096, 16, 4, 128, 2, True, True, cache, 128, True) != in_place
+    assert rope_qk.default_config(4096, 16, 4, 128, 2, False, False, cache, 128, True) != in_place
+    assert rope_qk.default_config(4096, 32, 8, 64, 2, True, False, cache, 64, True) != in_place
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("q_heads,k_heads", [(16, 4), (12, 3)])
+def test_cache_in_place_at_head_dim_128(dtype, q_heads, k_heads, seed):
+    """The shapes of the in-place rule (on a GPU), 12 heads leaving a partly masked block:
+    float64 reference, every element written (the inputs are the outputs), nothing else
+    touched."""
+    tokens, head_size = 9, 128
+    cache = make_cache(64, head_size)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
+    # Views into wider rows: the columns past each view must stay as they were.
+    q_buf = randn((tokens, q_heads * head_size + 8), dtype, seed)
+    k_buf = randn((tokens, k_heads * head_size + 8), dtype, seed + 1)
+    query, key = q_buf[:, : q_heads * head_size], k_buf[:, : k_heads * head_size]
+    q_ref = cache_reference(positions, query, head_size, cache, True)
+    k_ref = cache_reference(positions, key, head_size, cache, True)
+    q_tail, k_tail = q_buf[:, -8:].clone(), k_buf[:, -8:].clone()
+    rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, True,
+                               query_out=query, key_out=key)
+    assert_rope_close(query, q_ref, dtype, "query")
+    assert_rope_close(key, k_ref, dtype, "key")
+    assert torch.equal(q_buf[:, -8:], q_tail) and torch.equal(k_buf[:, -8:], k_tail)
