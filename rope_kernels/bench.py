@@ -98,10 +98,11 @@ def provenance(copy_gbps: float, mode: str) -> dict:
         "mode": mode,
         "command": "python -m rope_kernels.bench --mode " + mode,
         "bytes": "read t + write out + read the float32 angle rows used (once)",
-        "timing": "triton.testing.do_bench median (L2 flushed per call); decode: back-to-back "
-                  "calls timed with CUDA events, Python launch included. Backward: the Triton "
-                  "kernels' backward call directly; torch eager/compile through "
-                  "torch.autograd.grad",
+        "timing": "triton.testing.do_bench median (L2 flushed per call); copy_same_gbps: a "
+                  "copy of each problem's bytes timed the same way; decode: back-to-back calls "
+                  "timed with CUDA events, Python launch included, fastest of 4 rounds. "
+                  "Backward: the Triton kernels' backward call directly; torch eager/compile "
+                  "through torch.autograd.grad",
     }
 
 
