@@ -631,8 +631,8 @@ def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps
         gbps = problem.nbytes / ms / 1e6
         rows.append(dict(gpu=torch.cuda.get_device_name(), impl=name, direction=direction,
                          sweep=sweep, ms=ms, gbps=gbps, copy_gbps=copy_gbps, timing=timing,
-                         entry=problem.tensor_format if problem.tensor_format in ("qk", "qkv")
-                         else "te", copy_same_gbps=copy_same_gbps, **problem.row()))
+                         entry=_entry(problem.tensor_format), copy_same_gbps=copy_same_gbps,
+                         **problem.row()))
     return rows
 
 
@@ -675,6 +675,11 @@ def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd",
     return jobs
 
 
+def _entry(fmt: str) -> str:
+    """The entry point a problem format belongs to: "qk", "qkv", or "te" (sbhd, bshd, thd)."""
+    return fmt if fmt in ("qk", "qkv") else "te"
+
+
 def make_problem(fmt: str, dtype: str, kw: dict):
     if fmt == "qk":
         return QKProblem(dtype, **kw)
@@ -713,15 +718,17 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
     # torch.compile's decode rows are timed after every other decode row: eager calls timed
     # after a compiled function ran in the process were slower on these hosts (see
     # scripts/launch_latency.py), and the order must not favour anyone.
+    decode_late = {entry: {n: m for n, m in table.items() if n.startswith("torch.compile")}
+                   for entry, table in decode_impls.items()}
+    decode_early = {entry: {n: m for n, m in table.items() if n not in decode_late[entry]}
+                    for entry, table in decode_impls.items()}
     deferred, copy_same = [], {}
 
     def compiled_decode_rows():
         out_rows = []
         for fmt, dtype, kw, sweep in deferred:
             p = make_problem(fmt, dtype, kw)
-            entry = fmt if fmt in ("qk", "qkv") else "te"
-            late = {n: m for n, m in decode_impls[entry].items() if n.startswith("torch.compile")}
-            out_rows += measure(late, p, "forward", sweep, copy_gbps, True)
+            out_rows += measure(decode_late[_entry(fmt)], p, "forward", sweep, copy_gbps, True)
             del p
         deferred.clear()
         return out_rows
@@ -733,13 +740,11 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
         if deferred and not decode:
             rows += compiled_decode_rows()
         p = make_problem(fmt, dtype, kw)
-        entry = fmt if fmt in ("qk", "qkv") else "te"
+        entry = _entry(fmt)
         if decode:
-            table = {n: m for n, m in decode_impls[entry].items()
-                     if not n.startswith("torch.compile")}
-            if len(table) < len(decode_impls[entry]):
+            if decode_late[entry]:
                 deferred.append((fmt, dtype, kw, sweep))
-            rows += measure(table, p, "forward", sweep, copy_gbps, True)  # inference: forward
+            rows += measure(decode_early[entry], p, "forward", sweep, copy_gbps, True)  # inference
         else:
             if p.nbytes not in copy_same:
                 copy_same[p.nbytes] = copy_same_bytes_gbps(p.nbytes)
@@ -863,8 +868,8 @@ def summary(df) -> str:
     ratios = []  # (ratio, peer) per kind of job
     for peers, mine in ((others[~in_place], joined.ms),
                         (others[in_place], ours_in_place.reindex(joined.index).fillna(joined.ms))):
-        best = fastest(peers).reindex(joined.index) if len(peers) else None
-        if best is not None:
+        if len(peers):
+            best = fastest(peers).reindex(joined.index)
             ratios.append((best.ms / mine, best.impl))
     if ratios:
         frame = pd.concat([r for r, _ in ratios], axis=1)

@@ -385,14 +385,17 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     ran it."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    # One token's 2 KB head block per program, 2 warps: where rows are 256 B or more and k fills
+    # a block (the cos/sin cache and Hugging Face's tables, as measured above).
+    two_kb_blocks = row >= 256 and k_heads * row >= 2048
     if on_gpu and in_place and angles == ANGLES["cache"] and not interleaved and width == 128:
         return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)), num_warps=2, all_heads=False)
-    if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and row >= 256
-            and k_heads * row >= 2048 and rotary_dim in (None, head_dim)):
+    if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and two_kb_blocks
+            and rotary_dim in (None, head_dim)):
         return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cache"] and not interleaved
             and (q_heads + k_heads) * row <= 16384):
-        if row >= 256 and k_heads * row >= 2048:
+        if two_kb_blocks:
             return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
         if q_heads * row <= 4096:  # all of q in one block, all of k in another
             return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
@@ -659,13 +662,13 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
         k_out_strides = key_out.stride()
     if query.numel() == 0 and key.numel() == 0:
         return query_out, key_out
+    in_place = query_out is query and key_out is key  # in place has tiles of its own
     # Every pointer's dtype is in the key: a launcher that reuses the kernel compiled for a plan
     # (the package's) relies on the plan fixing everything Triton specialises on.
     sig = ("cache", query.shape, query.stride(), q_out_strides, key.shape, key.stride(),
            k_out_strides, query.dtype, key.dtype, query_out.dtype, key_out.dtype, query.device,
            positions.stride(), positions.dtype, cos_sin_cache.stride(), cos_sin_cache.dtype,
-           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward),
-           query_out is query and key_out is key)  # in place: its own tiles
+           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward), in_place)
 
     def make_plan():
         (q_sizes, q_in), (k_sizes, k_in) = (_tokens_heads(query, head_size),
@@ -676,8 +679,7 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
                      rotary_dim=cos_sin_cache.shape[-1], has_positions=True, has_start=False,
                      interleaved=not is_neox, backward=backward, cp_size=1, cp_rank=0,
                      t_strides=(0, cos_sin_cache.stride(0), cos_sin_cache.stride(1)),
-                     p_strides=(positions.stride(0), 0), same_table=True,
-                     in_place=query_out is query and key_out is key)
+                     p_strides=(positions.stride(0), 0), same_table=True, in_place=in_place)
 
     _run(sig, make_plan, (query, query_out, key, key_out, query, query, cos_sin_cache,
                           cos_sin_cache, cos_sin_cache, positions, query))
