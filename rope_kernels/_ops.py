@@ -162,8 +162,7 @@ def rope_cos_sin(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, heads_axis: int
 
 @rope_cos_sin.register_fake
 def _(q, k, cos, sin, heads_axis, backward):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format))
+    return _qk.hf_outputs(q, k, cos.shape[-1])
 
 
 def _cos_sin_setup(ctx, inputs, output):

@@ -39,9 +39,12 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         unsqueeze_dim: the axis of q and k that holds the heads.
 
     Returns:
-        New contiguous ``(q_embed, k_embed)`` of q's and k's shapes and dtype, computed in
-        float32 from the given cos and sin (transformers computes in the model's dtype, so
-        16-bit results may differ from it by an ulp). Differentiable with respect to q and k.
+        New ``(q_embed, k_embed)`` of q's and k's shapes and dtype, laid out as transformers'
+        functions lay out theirs: like q and k where cos covers the whole head (Llama's: for the
+        usual transposed projection views, each token's heads side by side), contiguous where
+        it covers part of it (GPT-NeoX's). Computed in float32 from the given cos and sin
+        (transformers computes in the model's dtype, so 16-bit results may differ from it by an
+        ulp). Differentiable with respect to q and k.
     """
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.

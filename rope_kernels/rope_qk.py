@@ -120,6 +120,95 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
 
 
 @triton.jit
+def _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
+               INT64: tl.constexpr, BLOCK_H: tl.constexpr):
+    """[BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row of head block ``pid_h`` of a part,
+    and which rows exist; channels go on the last axis."""
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
+    h_mask = h < heads
+    g = h // n_sub
+    u = h % n_sub
+    if INT64:
+        g = g.to(tl.int64)
+        u = u.to(tl.int64)
+    row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
+    row_mask = (s_mask[:, None] & h_mask[None, :])[:, :, None]
+    return row, row_mask
+
+
+@triton.jit
+def _load_tile(
+    x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
+    x_s, x_b, x_g, x_u, x_d,
+    INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+    PASS: tl.constexpr,
+):
+    """Issue the loads of a tile of BLOCK_S tokens x BLOCK_H heads of one part: the pairs' two
+    channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice) and the channels past
+    rotary_dim (xp; with PASS 0, a stand-in that is never used)."""
+    x_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
+                                 INT64, BLOCK_H)
+    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
+    mask = row_mask & j_mask[None, None, :]
+    if INTERLEAVED:
+        # Each row as [..., HALF, 2] (one wide load), split into the pairs' channels later.
+        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
+        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+        x1 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
+        x2 = x1
+    else:
+        x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
+        x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
+    xp = x1
+    if PASS > 0:
+        p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
+        if INT64:
+            p = p.to(tl.int64)
+        p_mask = row_mask & (p < head_dim)[None, None, :]
+        xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
+    return x1, x2, xp
+
+
+@triton.jit
+def _store_tile(
+    out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2,
+    s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
+    o_s, o_b, o_g, o_u, o_d,
+    INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+    PASS: tl.constexpr,
+):
+    """Rotate a tile loaded by ``_load_tile`` by its tokens' cos/sin [BLOCK_S, HALF] and store it
+    (the channels past rotary_dim copied)."""
+    o_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, o_s, o_b, o_g, o_u,
+                                 INT64, BLOCK_H)
+    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
+    mask = row_mask & j_mask[None, None, :]
+    if INTERLEAVED:
+        x1, x2 = tl.split(x1.to(tl.float32))
+    else:
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
+    y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+    if INTERLEAVED:
+        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]
+        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+        y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + o_row[:, :, :, None] + c12 * o_d, y12, mask=mask12)
+    else:
+        tl.store(out_ptr + o_row + c1[None, None, :] * o_d, y1.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+    if PASS > 0:
+        p = rotary_dim + tl.arange(0, PASS)
+        if INT64:
+            p = p.to(tl.int64)
+        tl.store(out_ptr + o_row + p[None, None, :] * o_d, xp,
+                 mask=row_mask & (p < head_dim)[None, None, :])
+
+
+@triton.jit
 def _rotate_tile(
     x_ptr, out_ptr, cos1, sin1, cos2, sin2, table_ptr, sin_ptr, t_row,
     s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
@@ -131,56 +220,16 @@ def _rotate_tile(
     """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin: given
     (``_angles``, computed once for several tiles), or with ``ANGLES_HERE`` computed here, after
     x's loads are issued so that the angle loads and the trig overlap their latency."""
-    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
-    h_mask = h < heads
-    g = h // n_sub
-    u = h % n_sub
-    if INT64:
-        g = g.to(tl.int64)
-        u = u.to(tl.int64)
-    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
-    # [BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row; channels go on the last axis.
-    x_row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
-    o_row = (s_idx[:, None] * o_s + (pid_b * o_b + g * o_g + u * o_u)[None, :])[:, :, None]
-    row_mask = (s_mask[:, None] & h_mask[None, :])[:, :, None]
-    mask = row_mask & j_mask[None, None, :]
-
-    if INTERLEAVED:
-        # Each row as [..., HALF, 2] (one wide load), split into the pairs' two channels.
-        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
-        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
-        x12 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
-    else:
-        x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
-        x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
-    if PASS > 0:
-        p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
-        if INT64:
-            p = p.to(tl.int64)
-        p_mask = row_mask & (p < head_dim)[None, None, :]
-        xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
+    x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
+                            head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
+                            PASS)
     if ANGLES_HERE:
         cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF)
-
-    if INTERLEAVED:
-        x1, x2 = tl.split(x12.to(tl.float32))
-    else:
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
-    y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-    if INTERLEAVED:
-        y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + o_row[:, :, :, None] + c12 * o_d, y12, mask=mask12)
-    else:
-        tl.store(out_ptr + o_row + c1[None, None, :] * o_d, y1.to(out_ptr.dtype.element_ty),
-                 mask=mask)
-        tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
-                 mask=mask)
-    if PASS > 0:
-        tl.store(out_ptr + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
+    _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
+                n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
+                HALF, PASS)
 
 
 @triton.jit
@@ -219,6 +268,7 @@ def rope_qk_kernel(
     s_blocks,  # cdiv(seq_len, BLOCK_S)
     ANGLES: tl.constexpr,
     ALL_HEADS: tl.constexpr,  # a program takes every head of its tokens (else one head block)
+    LOADS_FIRST: tl.constexpr,  # with ALL_HEADS, one block of q and one of k, no v: loads first
     SAME_TABLE: tl.constexpr,  # q and k read the same angle table (their cos/sin computed once)
     B_OUTER: tl.constexpr,  # batch elements are the outer axis in memory (bshd, HF's views)
     HAS_POSITIONS: tl.constexpr,  # positions[s, b] give the table row (else s, + start)
@@ -291,7 +341,29 @@ def rope_qk_kernel(
             pos = pos.to(tl.int64)
         t_row = pos * t_stride_s
 
-    if ALL_HEADS:
+    if LOADS_FIRST:
+        # All of q's heads in one block and all of k's in another: both tiles' loads are issued
+        # before any store (the program keeps all of its bytes in flight), then the angles.
+        q1, q2, qp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
+                                head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64, BLOCK_H,
+                                HALF, PASS)
+        k1, k2, kp = _load_tile(k_ptr, s_idx, s_mask, pid_b, 0, k_heads, k_sub, rotary_dim,
+                                head_dim, k_s, k_b, k_g, k_u, k_d, INTERLEAVED, INT64, BLOCK_HK,
+                                HALF, PASS)
+        cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                         t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
+                                         INT64, HALF)
+        _store_tile(q_out_ptr, q1, q2, qp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
+                    q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
+                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+        if not SAME_TABLE:
+            cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                             t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
+                                             FAST_TRIG, INT64, HALF)
+        _store_tile(k_out_ptr, k1, k2, kp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
+                    k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g, ko_u, ko_d,
+                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS)
+    elif ALL_HEADS:
         # The cos/sin of these tokens once, for every head block of q, k (and v's copy).
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
@@ -375,19 +447,39 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     4 tokens x 8 heads on 4 warps: +0.5 to +1.9 points of copy forward and backward at bf16
     32q/8k, 32q/32k, 64q/8k, 16q/8k, batch 4, 1024 tokens and fp32 head_dim 128 (3 shuffled rounds
     on an H200, 2026-11-24); fp32 head_dim 64 moved -1.7 forward and +1.9 backward;
-    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below.
+    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below. (Its
+    outputs are laid out like its inputs, as transformers' are: with the same tiles, writing the
+    transposed views' memory order instead of new contiguous [b, h, s, d] tensors gained 0.9 to
+    3.6 points at every bf16 and fp32 shape above except head_dim 64, -0.5.)
 
     The cos/sin cache in place (``in_place``: the outputs are the inputs, as vLLM calls it) at
     head_dim 128: one block of 8 heads of one token per program on 2 warps (2 KB in 16-bit, 4 KB
     in fp32). Against the rules above, in place (H200, 3 shuffled rounds, forward / backward):
     bf16 16q/4k 0.924/0.920 -> 0.934/0.926, batch 2 0.838/0.840 -> 0.834/0.849, batch 1 level,
     fp32 32q/32k 0.947/0.948 -> 0.976/0.976, fp32 batch 1 +0.3/+0.3 points; bf16 32q/8k already
-    ran it."""
+    ran it.
+
+    ``loads_first``: one program per token with all of q in one block and all of k in another,
+    issuing both tiles' loads before any store (as Liger's kernel does). Taken where a token's q
+    fits 4 KB, k does not fill 2 KB and the whole head is rotated, for the cos/sin cache with
+    rows of 256 B or more (2 warps) and Hugging Face's tables (2 warps; 4 for 128 B rows).
+    Against the rules above (H200, 3 shuffled rounds, 2026-11-24, fraction of copy): cache
+    16q/4k 0.905 -> 0.914 out of place and 0.929 -> 0.932 in place, 16q/2k 0.906 -> 0.915 and
+    0.914 -> 0.937, 12q/2k 0.867 -> 0.906 and 0.841 -> 0.918; Hugging Face 16q/4k 0.898 ->
+    0.920, 16q/2k 0.901 -> 0.917, 12q/2k 0.905 -> 0.923, head_dim 64 0.912 -> 0.947. Where q
+    is bigger (32q/8k, 32q/32k, fp32) the rules above stay ahead by 1-3 points, and at bf16
+    head_dim 64 the cache's all-heads program is 1 point ahead of it."""
     width = _next_pow2(head_dim)
     row = width * element_size
     # One token's 2 KB head block per program, 2 warps: where rows are 256 B or more and k fills
     # a block (the cos/sin cache and Hugging Face's tables, as measured above).
     two_kb_blocks = row >= 256 and k_heads * row >= 2048
+    # Loads first: where all of a token's q fits 4 KB and k does not fill 2 KB (see above).
+    if (on_gpu and not interleaved and not two_kb_blocks and q_heads * row <= 4096
+            and rotary_dim in (None, head_dim)
+            and (angles == ANGLES["cos_sin"] or (angles == ANGLES["cache"] and row >= 256))):
+        return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
+                    num_warps=2 if row >= 256 else 4, all_heads=True, loads_first=True)
     if on_gpu and in_place and angles == ANGLES["cache"] and not interleaved and width == 128:
         return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)), num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and two_kb_blocks
@@ -466,6 +558,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     v_dim = v[0][4] if v is not None else 0
     part_blocks = q_blocks + k_blocks + triton.cdiv(v_heads, block_hk)
     s_blocks = triton.cdiv(seq_len, cfg["block_s"])
+    # Loads first (``loads_first`` in the config) needs one block of q, one of k and no v.
+    loads_first = (all_heads and bool(cfg.get("loads_first", False)) and q_blocks == 1
+                   and k_blocks == 1 and v is None)
     grid = (s_blocks * batch * (1 if all_heads else part_blocks), 1, 1)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
@@ -476,6 +571,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     constexprs = dict(
         ANGLES=angles,
         ALL_HEADS=all_heads,
+        LOADS_FIRST=loads_first,
         SAME_TABLE=bool(same_table),
         B_OUTER=abs(q_in[1]) > abs(q_in[0]),
         HAS_POSITIONS=has_positions,
@@ -696,15 +792,38 @@ def _sbhd_of_hf(x: torch.Tensor, heads_axis: int):
     return (s, b, h, 1, d), (st[1], st[0], st[2], 0, st[3])
 
 
+def new_like(x: torch.Tensor) -> torch.Tensor:
+    """A new dense tensor of x's shape and dtype with x's dimensions in x's memory order: what
+    torch's elementwise ops return for x, and so what transformers' apply_rotary_pos_emb returns
+    (for a [b, h, s, d] view of a projection's [b, s, h, d] memory, [b, s, h, d] memory: each
+    token's heads written side by side, as they were read)."""
+    out = torch.empty_like(x)  # x's own strides where x is dense
+    if out.stride() != x.stride():  # a view with gaps (a slice of a fused projection, say)
+        order = sorted(range(x.dim()), key=lambda i: -x.stride(i))  # outer to inner, stable
+        out = torch.empty([x.shape[i] for i in order], dtype=x.dtype, device=x.device)
+        out = out.permute([order.index(i) for i in range(x.dim())])
+    return out
+
+
+def hf_outputs(q: torch.Tensor, k: torch.Tensor, rotary_dim: int):
+    """New q and k results laid out as transformers lays out its own: Llama's function (the whole
+    head rotated) returns its elementwise result, in the inputs' memory order (``new_like``);
+    GPT-NeoX's, the one that rotates part of the head, ends in ``torch.cat``: contiguous."""
+    if rotary_dim < q.shape[-1]:
+        return (torch.empty_like(q, memory_format=torch.contiguous_format),
+                torch.empty_like(k, memory_format=torch.contiguous_format))
+    return new_like(q), new_like(k)
+
+
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  heads_axis: int = 1, backward: bool = False):
     """Hugging Face convention: ``q`` [b, h, s, d] (``heads_axis=1``) or [b, s, h, d]
     (``heads_axis=2``), any strides, ``k`` alike with its own head count; ``cos``, ``sin``
     [b, s, rotary_dim], [1, s, rotary_dim] or [s, rotary_dim], half-split pairs, channels past
-    rotary_dim copied. Returns new contiguous q and k."""
+    rotary_dim copied. Returns new q and k, laid out as transformers' functions lay out theirs
+    (``hf_outputs``)."""
     _check_device(q)
-    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+    q_out, k_out = hf_outputs(q, k, cos.shape[-1])
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     if sin.stride() != cos.stride():

@@ -37,6 +37,34 @@ def _cos_sin(module, b, s, dtype, seed):
     return module.to(DEVICE)(x, position_ids)
 
 
+def _layout(x):
+    """Sizes and strides of the dimensions of more than one element (where the memory is)."""
+    return [(n, st) for n, st in zip(x.shape, x.stride()) if n > 1]
+
+
+@pytest.mark.parametrize("view", ["transposed", "fused projection", "contiguous", "decode"])
+def test_output_layout_as_transformers(view, seed):
+    """The results are laid out as transformers' function lays out its own: in the inputs'
+    memory order (torch's elementwise ops), dense, also for views with gaps."""
+    b, s, hq, hk, d = 2, 1 if view == "decode" else 5, 4, 2, 16
+    module = modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=d))
+    cos, sin = _cos_sin(module, b, s, torch.float32, seed)
+    if view == "fused projection":  # q, k, v from one [b, s, (hq + 2 hk) * d] projection
+        qkv = randn((b, s, (hq + 2 * hk) * d), torch.float32, seed)
+        q = qkv[..., : hq * d].view(b, s, hq, d).transpose(1, 2)
+        k = qkv[..., hq * d: (hq + hk) * d].view(b, s, hk, d).transpose(1, 2)
+    elif view == "contiguous":
+        q, k = randn((b, hq, s, d), torch.float32, seed), randn((b, hk, s, d), torch.float32, seed)
+    else:
+        q = randn((b, s, hq, d), torch.float32, seed).transpose(1, 2)
+        k = randn((b, s, hk, d), torch.float32, seed + 1).transpose(1, 2)
+    ours = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    ref = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    for name, o, r in zip("qk", ours, ref):
+        assert _layout(o) == _layout(r), (name, o.stride(), r.stride())
+        torch.testing.assert_close(o, r, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("model", ["llama", "gpt_neox"])
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
@@ -60,6 +88,7 @@ def test_matches_transformers_function(dtype, model, unsqueeze_dim, seed):
     assert torch.equal(q, before[0]) and torch.equal(k, before[1])
     for name, o, r, x in zip("qk", ours, ref, (q, k)):
         assert o.shape == r.shape and o.dtype == r.dtype
+        assert _layout(o) == _layout(r), name  # laid out as transformers lays its result out
         # Against the exact result: within the output's rounding (we compute in float32).
         assert_rope_close(o, hf_reference(x, cos, sin, unsqueeze_dim), dtype, name)
         # Against transformers' own arithmetic, which rounds each product in 16-bit dtypes.
@@ -148,3 +177,19 @@ def test_bad_input(case, changes, exc, words):
         rope_kernels.hf.apply_rotary_pos_emb(**args)
     for word in words:
         assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+def test_operator_fake_matches_real(rotary_dim, seed):
+    """torch.compile traces the operator through its fake implementation: shapes, dtypes and
+    strides of the fake results must be the real ones (torch.library.opcheck compares them)."""
+    from rope_kernels import _ops
+
+    b, s, hq, hk, d = 2, 3, 4, 2, 16
+    q = randn((b, s, hq, d), torch.float32, seed).transpose(1, 2)
+    k = randn((b, s, hk, d), torch.float32, seed + 1).transpose(1, 2)
+    cos = randn((b, s, rotary_dim), torch.float32, seed + 2)
+    sin = randn((b, s, rotary_dim), torch.float32, seed + 3)
+    result = torch.library.opcheck(_ops.rope_cos_sin, (q, k, cos, sin, 1, False),
+                                   test_utils=("test_faketensor", "test_schema"))
+    assert set(result.values()) == {"SUCCESS"}, result

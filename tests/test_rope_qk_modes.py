@@ -16,12 +16,17 @@ from test_serving import make_cache, reference as cache_reference
 MODES = [dict(block_s=2, block_h=2, num_warps=4, all_heads=True),
          dict(block_s=1, block_h=4, block_hk=2, num_warps=4, all_heads=True),
          dict(block_s=1, block_h=1, num_warps=2, all_heads=True),
-         dict(block_s=2, block_h=2, num_warps=4, all_heads=False)]
+         dict(block_s=2, block_h=2, num_warps=4, all_heads=False),
+         # loads first: q (5 heads) in one block, k (3) in another; with 4-head blocks q needs
+         # two, and the program takes the all-heads loop instead
+         dict(block_s=1, block_h=8, block_hk=4, num_warps=2, all_heads=True, loads_first=True),
+         dict(block_s=2, block_h=4, block_hk=4, num_warps=2, all_heads=True, loads_first=True)]
 
 
 @pytest.fixture(params=MODES, ids=lambda m: f"s{m['block_s']}h{m['block_h']}"
                 + (f"hk{m['block_hk']}" if "block_hk" in m else "")
-                + ("-all_heads" if m["all_heads"] else "-one_block"))
+                + ("-all_heads" if m["all_heads"] else "-one_block")
+                + ("-loads_first" if m.get("loads_first") else ""))
 def mode(request, monkeypatch):
     monkeypatch.setattr(rope_qk, "_PLANS", {})
     monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(request.param))
@@ -41,6 +46,9 @@ def test_cache(mode, is_neox, backward, seed):
     k_out = torch.full_like(key, float("nan"))
     rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, is_neox,
                                query_out=q_out, key_out=k_out, backward=backward)
+    (plan,) = rope_qk._PLANS.values()
+    assert plan.constexprs["LOADS_FIRST"] == (mode.get("loads_first", False)
+                                              and mode["block_h"] >= q_heads)
     # The backward rotates by -theta: the forward with the cache's sin half negated.
     ref_cache = torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache
     assert_rope_close(q_out, cache_reference(positions, query, head_size, ref_cache, is_neox),
@@ -98,6 +106,8 @@ def test_default_config_of_the_cache_in_place():
     in_place = dict(block_s=1, block_h=8, num_warps=2, all_heads=False)
     for element_size in (2, 4):
         for q_heads, k_heads in ((16, 4), (32, 8), (32, 32)):
+            if element_size == 2 and q_heads == 16:
+                continue  # loads first (test_default_config_loads_first)
             got = rope_qk.default_config(4096, q_heads, k_heads, 128, element_size, True, False,
                                          cache, 128, True)
             assert got == in_place, (element_size, q_heads, k_heads)
@@ -105,6 +115,41 @@ def test_default_config_of_the_cache_in_place():
     assert rope_qk.default_config(4096, 16, 4, 128, 2, True, True, cache, 128, True) != in_place
     assert rope_qk.default_config(4096, 16, 4, 128, 2, False, False, cache, 128, True) != in_place
     assert rope_qk.default_config(4096, 32, 8, 64, 2, True, False, cache, 64, True) != in_place
+
+
+def test_default_config_loads_first():
+    """Loads first where a token's q fits 4 KB and k does not fill 2 KB, the whole head rotated:
+    the cache with rows of 256 B or more (in place too), Hugging Face's tables (4 warps for 128 B
+    rows); not where k fills 2 KB, nor for partial rotary, interleaved pairs or the interpreter."""
+    cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
+
+    def loads_first(q_heads, k_heads, warps):
+        return dict(block_s=1, block_h=1 << (q_heads - 1).bit_length(),
+                    block_hk=1 << (k_heads - 1).bit_length(), num_warps=warps, all_heads=True,
+                    loads_first=True)
+
+    for angles in (cache, hf_tables):
+        for q_heads, k_heads in ((16, 4), (16, 2), (12, 2)):
+            assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, True, False, angles,
+                                          128) == loads_first(q_heads, k_heads, 2)
+            assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, True, False, angles,
+                                          64) != loads_first(q_heads, k_heads, 2)
+            assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, True, True, angles,
+                                          128) != loads_first(q_heads, k_heads, 2)
+            assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, False, False, angles,
+                                          128) != loads_first(q_heads, k_heads, 2)
+    assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, cache, 128,
+                                  True) == loads_first(16, 4, 2)
+    assert rope_qk.default_config(4096, 32, 8, 64, 2, True, False, hf_tables,
+                                  64) == loads_first(32, 8, 4)
+    assert not rope_qk.default_config(4096, 32, 8, 64, 2, True, False, cache, 64).get("loads_first")
+    for angles in (cache, hf_tables):
+        assert not rope_qk.default_config(4096, 32, 8, 128, 2, True, False, angles,
+                                          128).get("loads_first")
+        assert not rope_qk.default_config(4096, 8, 8, 128, 2, True, False, angles,
+                                          128).get("loads_first")
+        assert not rope_qk.default_config(4096, 16, 4, 128, 4, True, False, angles,
+                                          128).get("loads_first")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
