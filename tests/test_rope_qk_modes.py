@@ -48,7 +48,8 @@ def test_cache(mode, is_neox, backward, seed):
                                query_out=q_out, key_out=k_out, backward=backward)
     (plan,) = rope_qk._PLANS.values()
     assert plan.constexprs["LOADS_FIRST"] == (mode.get("loads_first", False)
-                                              and mode["block_h"] >= q_heads)
+                                              and mode["block_h"] >= q_heads
+                                              and mode.get("block_hk", mode["block_h"]) >= k_heads)
     # The backward rotates by -theta: the forward with the cache's sin half negated.
     ref_cache = torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache
     assert_rope_close(q_out, cache_reference(positions, query, head_size, ref_cache, is_neox),
