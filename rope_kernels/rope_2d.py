@@ -91,6 +91,20 @@ def _positions(
 
 
 @triton.jit
+def _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, BOUNDS: tl.constexpr):
+    """Sequence holding each token ``s_idx`` in a pack of few sequences (``n_seqs + 1 <= BOUNDS``):
+    one load of every boundary, shared by the tile's tokens, and for each token a count of the
+    boundaries at or below it. The last of them opens its sequence; an empty sequence repeats a
+    boundary, and the count steps over it. One round trip to the cache where the binary search
+    makes ceil(log2(n_seqs)) dependent ones."""
+    b = tl.arange(0, BOUNDS)
+    bound = tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647) // cp_size
+    below = tl.sum((bound[None, :] <= s_idx[:, None]).to(tl.int32), axis=1)
+    # Rows past the last token (masked) count every boundary: keep all rows in range.
+    return tl.minimum(tl.maximum(below - 1, 0), n_seqs - 1)
+
+
+@triton.jit
 def _narrow(cu_seqlens_ptr, token, lo, hi, cp_size, FANOUT: tl.constexpr):
     """One round of a FANOUT-ary search for the sequence of one ``token``: from cu[lo] <= token <
     cu[hi] to a range FANOUT times smaller, with one vector load of FANOUT boundaries spread
@@ -281,6 +295,7 @@ def rope_2d_kernel(
     group_b,  # batch blocks per group (see the program order below)
     IS_THD: tl.constexpr,
     TOKEN_ROWS: tl.constexpr,  # thd: table rows per token precomputed by thd_positions_kernel
+    SEQ_BOUNDS: tl.constexpr,  # thd, few sequences: power of two >= n_seqs + 1 (else 0: search)
     PDL_WAIT: tl.constexpr,  # launched as the pre-pass's programmatic dependent: wait for its rows
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
@@ -380,6 +395,10 @@ def rope_2d_kernel(
             # the token rows are the pre-pass's output: wait until they are all written.
             tl.extra.cuda.gdc_wait()
         pos = tl.load(cu_seqlens_ptr + s_idx, mask=s_mask, other=0)
+    elif SEQ_BOUNDS > 0:
+        seq = _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, SEQ_BOUNDS)
+        pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, seq, seq + 1, 0,
+                         cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
     else:
         pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, 0, n_seqs,
                          search_steps, cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
@@ -455,7 +474,7 @@ def _max_offset(sizes, strides) -> int:
 def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_dim: int,
                    device: torch.device, element_size: int = 2, interleaved: bool = False,
                    tensor_format: str = "sbhd", pairs_as_words: bool = True,
-                   in_place: bool = False) -> dict:
+                   in_place: bool = False, n_seqs: Optional[int] = None) -> dict:
     """Tile shape, program order and warps: a heuristic from the tile sweep on an H200
     (scripts/tile_sweep.py, shown in notebook 04). Returns ``block_s`` positions x ``block_b``
     batch elements x ``block_h`` heads (powers of two), ``group_b`` and ``num_warps``.
@@ -478,9 +497,23 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       In place on an H200 (16 x 4096 tokens, 3 shuffled rounds, forward / backward, fraction of
       copy) it took 32 heads from 0.938/0.940 to 0.961/0.958 and 16 heads from 0.947/0.942 to
       0.953/0.950 (8 heads already ran it); out of place the tiles above stay ahead.
+    - ``n_seqs`` (thd): with at most TOKEN_ROWS_ABOVE sequences, where each tile counts the
+      boundaries below its tokens (``_count_sequence``), 16-bit token rows of more than 1 KB and at
+      most 2 KB (8 heads of 128 channels) run their tiles on 1 warp. Against 2 warps on an H200
+      (131072 tokens in 64 and 128 sequences, 8 heads, bf16, 3 shuffled rounds): 0.887 -> 0.924
+      and 0.888 -> 0.927 of copy forward, 0.888 -> 0.911 backward at 64; at 4 KB rows (32 heads)
+      1 and 2 warps were level (within 0.4 points), and with the pre-pass (more sequences) the same
+      tile on 1 warp moved -1.3 to +0.1.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
+    if (on_gpu and tensor_format == "thd" and n_seqs is not None and n_seqs <= TOKEN_ROWS_ABOVE
+            and element_size == 2):
+        cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
+                           interleaved and not pairs_as_words, tensor_format))
+        if 1024 < heads * head_dim * element_size <= 2048:  # one token's row
+            cfg["num_warps"] = 1
+        return cfg
     if (in_place and on_gpu and tensor_format == "bshd" and element_size == 2 and heads >= 8
             and head_dim == rotary_dim == 128 and not interleaved):
         return dict(block_s=1, block_b=1, block_h=min(8, _next_pow2(max(1, heads))), group_b=1,
@@ -491,10 +524,19 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
-# thd: more sequences than this -> the per-token pre-pass. On the H200 (65536 tokens, bf16) the
-# search in every tile was ahead at 16 and 64 sequences (0.957/0.953 of copy against 0.943/0.952),
-# the pre-pass from 256 on (0.965 against 0.948; 0.965 against 0.878 at 1024).
+# thd: more sequences than this -> the per-token pre-pass. On the H200 (65536 tokens, bf16) a
+# binary search in every tile was ahead at 16 and 64 sequences (0.957/0.953 of copy against
+# 0.943/0.952), the pre-pass from 256 on (0.965 against 0.948; 0.965 against 0.878 at 1024).
 TOKEN_ROWS_ABOVE = 128
+# thd without the pre-pass: with at most this many boundaries (n_seqs + 1) each tile loads them all
+# and counts (_count_sequence) instead of the binary search. H200, forward, fraction of copy,
+# binary search -> count (figures/thd_pre_pass.json): 65536 tokens of 32 heads in 16, 64 and 128
+# sequences 0.956 -> 0.955, 0.952 -> 0.960, 0.948 -> 0.967 in bf16, 0.961 -> 0.980 and 0.942 ->
+# 0.981 at 64 and 128 in fp32; 131072 tokens of 8 heads in bf16 0.887 -> 0.886, 0.905 -> 0.919,
+# 0.920 -> 0.925. In a probe at 256 and 512 sequences (512 boundary slots and more), counting was
+# level with the pre-pass at 256 and ahead at 512 with 32 heads, but 4.6-7.6 points behind at 512
+# with 8 heads: TOKEN_ROWS_ABOVE stays 128.
+COUNT_BOUNDS_MAX = 256
 # The pre-pass: 256 tokens a program, 4 warps, 256-ary narrowing. On the H200, for 65536 tokens
 # in 16 to 65536 sequences, it took 4.8-9.2 us alone, where a binary search per token over all
 # sequences took 4.3-10.2 us and one program per sequence (the first design) 44 us at 65536
@@ -641,16 +683,17 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         raise ValueError(f"freqs.shape[-1] (rotary_dim) must be even and <= head_dim={head_dim}, "
                          f"got {rotary_dim}")
     is_thd = tensor_format == "thd"
+    n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
     cfg = default_config(seq_rows, batch, heads, head_dim, rotary_dim, t.device,
                          t.element_size(), bool(interleaved), tensor_format, pairs_as_words,
-                         out is t)
+                         out is t, n_seqs if is_thd else None)
     # SFU cos/sin where the output's rounding hides their error; libdevice's for float32, and in
     # the interpreter (which cannot run inline PTX) and on AMD GPUs.
     cfg["fast_trig"] = (not INTERPRETED and t.dtype != torch.float32
                         and t.device.type == "cuda" and torch.version.hip is None)
     # thd with many sequences: a pre-pass writes each token's table row (see
     # thd_positions_kernel) instead of each tile searching cu_seqlens.
-    cfg["token_rows"] = is_thd and cu_seqlens.numel() - 1 > TOKEN_ROWS_ABOVE
+    cfg["token_rows"] = is_thd and n_seqs > TOKEN_ROWS_ABOVE
     cfg["pdl"] = None
     if config:
         unknown = set(config) - set(cfg)
@@ -670,7 +713,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                                        else bool(cfg["pdl"]))
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
-    n_seqs = cu_seqlens.numel() - 1 if is_thd else 1
+    # Without the pre-pass, few sequences: every tile counts the boundaries below its tokens.
+    seq_bounds = (_next_pow2(n_seqs + 1) if is_thd and not cfg["token_rows"]
+                  and n_seqs + 1 <= COUNT_BOUNDS_MAX else 0)
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
                 _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1
@@ -689,6 +734,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     constexprs = dict(
         IS_THD=is_thd,
         TOKEN_ROWS=bool(cfg["token_rows"]),
+        SEQ_BOUNDS=seq_bounds,
         PDL_WAIT=pdl,
         HAS_START=start_positions is not None,
         USE_CP=cp_size > 1,

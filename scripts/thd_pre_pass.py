@@ -4,7 +4,8 @@ and the whole call with the pre-pass and with the search in every tile.
     python scripts/thd_pre_pass.py [--out FILE.json]
 
 Problems as in the benchmark's thd sweep: 4096 x 16 = 65536 tokens, 32 heads, head_dim 128, cut
-at random into n_seqs sequences of mixed lengths. Times are do_bench medians.
+at random into n_seqs sequences of mixed lengths; and 8192 x 16 = 131072 tokens of 8 heads (bf16,
+the same bytes: 2 KB token rows). Times are do_bench medians.
 - ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (256 tokens a program: each token's sequence
   guessed as if all lengths were equal and checked; where a guess misses, the run of sequences the
   block spans narrowed by a 256-ary search, then a binary search per token over that run; at
@@ -13,7 +14,12 @@ at random into n_seqs sequences of mixed lengths. Times are do_bench medians.
   search per token over all sequences (256 tokens a program, 2 warps), and
   ``pre_us_per_sequence``, one program per sequence writing its tokens' rows.
 - ``frac_search`` / ``frac_pre_pass``: the whole ``rope_2d`` call (bytes as in the benchmark) as
-  a fraction of the device copy, with ``config=dict(token_rows=False / True)``.
+  a fraction of the device copy, with ``config=dict(token_rows=False / True)``. Without the
+  pre-pass each tile counts the boundaries below its tokens where ``n_seqs + 1 <=
+  COUNT_BOUNDS_MAX`` and searches otherwise; ``frac_binary_search`` is the same call with
+  ``COUNT_BOUNDS_MAX`` set to 1, so that every tile runs the binary search.
+- The calls take the package's default tile, which for 8 heads depends on the path (1 warp where
+  tiles count, see ``default_config``).
 """
 
 from __future__ import annotations
@@ -68,30 +74,40 @@ def main(argv=None):
     args = ap.parse_args(argv)
     copy = copy_bandwidth_gbps()
     rows = []
-    for n_seqs in (16, 64, 256, 1024, 2048, 4096, 16384, 65536):
-        for dtype in ("bf16", "fp32"):
-            p = Problem("thd", dtype, n_seqs=n_seqs)
-            t, freqs, cu = p.t, p.freqs, p.cu_seqlens
-            n_tokens = t.shape[0]
-            token_rows = torch.empty(n_tokens, dtype=torch.int32, device=t.device)
-            row = dict(n_seqs=n_seqs, dtype=dtype, max_len=p.max_len)
-            for name, on in (("frac_search", False), ("frac_pre_pass", True)):
-                ms = do_bench(lambda on=on: r2.rope_2d(t, freqs, "thd", cu_seqlens=cu,
-                                                       config=dict(token_rows=on)),
-                              return_mode="median")
-                row[name] = round(p.nbytes / ms / 1e6 / copy, 4)
-            pre = r2.pre_pass_plan(n_tokens, n_seqs)  # what rope_2d launches
-            row["pre_us"] = us(lambda: r2.launch(r2.thd_positions_kernel, pre,
-                                                 (cu, cu, token_rows)))
-            want = token_rows.clone()
-            row["pre_us_binary_search"] = us(lambda: binary_search_pre_pass[(
-                triton.cdiv(n_tokens, 256),)](cu, token_rows, n_tokens, n_seqs,
-                                              r2._search_steps(n_seqs), BLOCK=256, num_warps=2))
-            assert torch.equal(token_rows, want), "the designs disagree"
-            row["pre_us_per_sequence"] = us(lambda: per_sequence_pre_pass[(n_seqs,)](
-                cu, token_rows, BLOCK=256, num_warps=4))
-            print(row, flush=True)
-            rows.append(row)
+    cases = [(n, dtype, 32) for n in (16, 64, 128, 256, 1024, 2048, 4096, 16384, 65536)
+             for dtype in ("bf16", "fp32")]
+    cases += [(n, "bf16", 8) for n in (16, 64, 128, 256, 1024, 16384)]
+    count_bounds_max = r2.COUNT_BOUNDS_MAX
+    for n_seqs, dtype, heads in cases:
+        size = dict(seq_len=4096, batch=16) if heads == 32 else dict(seq_len=8192, batch=16)
+        p = Problem("thd", dtype, heads=heads, n_seqs=n_seqs, **size)
+        t, freqs, cu = p.t, p.freqs, p.cu_seqlens
+        n_tokens = t.shape[0]
+        token_rows = torch.empty(n_tokens, dtype=torch.int32, device=t.device)
+        row = dict(n_seqs=n_seqs, dtype=dtype, heads=heads, max_len=p.max_len)
+        for name, on, bounds in (("frac_search", False, count_bounds_max),
+                                 ("frac_binary_search", False, 1),
+                                 ("frac_pre_pass", True, count_bounds_max)):
+            r2.COUNT_BOUNDS_MAX = bounds
+            r2._PLANS.clear()
+            ms = do_bench(lambda on=on: r2.rope_2d(t, freqs, "thd", cu_seqlens=cu,
+                                                   config=dict(token_rows=on)),
+                          return_mode="median")
+            row[name] = round(p.nbytes / ms / 1e6 / copy, 4)
+        r2.COUNT_BOUNDS_MAX = count_bounds_max
+        r2._PLANS.clear()
+        pre = r2.pre_pass_plan(n_tokens, n_seqs)  # what rope_2d launches
+        row["pre_us"] = us(lambda: r2.launch(r2.thd_positions_kernel, pre,
+                                             (cu, cu, token_rows)))
+        want = token_rows.clone()
+        row["pre_us_binary_search"] = us(lambda: binary_search_pre_pass[(
+            triton.cdiv(n_tokens, 256),)](cu, token_rows, n_tokens, n_seqs,
+                                          r2._search_steps(n_seqs), BLOCK=256, num_warps=2))
+        assert torch.equal(token_rows, want), "the designs disagree"
+        row["pre_us_per_sequence"] = us(lambda: per_sequence_pre_pass[(n_seqs,)](
+            cu, token_rows, BLOCK=256, num_warps=4))
+        print(row, flush=True)
+        rows.append(row)
     prov = provenance(copy, "thd_pre_pass")
     prov["command"] = "python scripts/thd_pre_pass.py"
     result = dict(provenance=prov, rows=rows)

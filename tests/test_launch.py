@@ -427,15 +427,18 @@ def test_interleaved_pairs_as_words_and_fallback(dtype, backward, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (1, True), (2, False), (2, True)])
 @pytest.mark.parametrize("backward", [False, True])
-@pytest.mark.parametrize("pre_pass_block,fanout", [(256, 256), (4, 2)])
-def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_block, fanout, seed,
-                                 monkeypatch):
+@pytest.mark.parametrize("pre_pass_block,fanout,count_bounds_max", [(256, 256, 256), (4, 2, 1)])
+def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_block, fanout,
+                                 count_bounds_max, seed, monkeypatch):
     """Packs of many sequences: the pre-pass that writes each token's table row gives what the
     in-kernel search gives and what the reference gives, empty sequences, context parallelism
     and start positions included; with 4 tokens per pre-pass program the pack spans many
-    programs, the last one partly masked, and a fanout of 2 takes several narrowing rounds."""
+    programs, the last one partly masked, and a fanout of 2 takes several narrowing rounds.
+    The in-kernel search is the count of boundaries (COUNT_BOUNDS_MAX 256: 16 boundary slots for
+    these 8-10 sequences) or, with COUNT_BOUNDS_MAX 1, the binary search."""
     monkeypatch.setattr(r2, "PRE_PASS_BLOCK", pre_pass_block)
     monkeypatch.setattr(r2, "PRE_PASS_FANOUT", fanout)
+    monkeypatch.setattr(r2, "COUNT_BOUNDS_MAX", count_bounds_max)
     r2._PRE_PLANS.clear()
     lengths = [4, 0, 6, 2, 8, 0, 2, 4, 12, 2] if cp_size == 1 else [4, 0, 8, 4, 12, 0, 4, 8]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
@@ -453,6 +456,8 @@ def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_bloc
                       backward=backward, config=dict(token_rows=token_rows))
         (plan,) = r2._PLANS.values()
         assert plan.constexprs["TOKEN_ROWS"] is token_rows
+        counts = not token_rows and count_bounds_max > 1
+        assert plan.constexprs["SEQ_BOUNDS"] == (16 if counts else 0)
         assert_rope_close(out, ref, dtype, f"token_rows={token_rows}")
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
@@ -606,6 +611,44 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, monkeypatch):
     for i, (out, ref) in enumerate(zip(outs, refs)):
         assert torch.equal(out, ref), f"pack {i}: differs from the launch without PDL"
     assert_rope_close(outs[-1], rope_reference(t.double(), emb, "thd", cu_seqlens=cu), dtype)
+
+
+@pytest.mark.parametrize("n_seqs", [1, 2, 7, 31, 127, 128, 200])
+def test_thd_count_of_boundaries(n_seqs, seed):
+    """Every tile counts the boundaries below its tokens while n_seqs + 1 fits COUNT_BOUNDS_MAX
+    (token_rows forced off past TOKEN_ROWS_ABOVE): sequences of 0-5 tokens, so empty ones repeat
+    boundaries, the last tile is partial, and start positions come from each token's sequence.
+    Output poisoned with NaN, against the reference."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 6, (n_seqs,), generator=g)
+    lengths[-1] += 1  # at least one token
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32).to(DEVICE)
+    sp = torch.randint(0, 7, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(16)
+    t = randn((int(cu[-1]), 2, 8), torch.float32, seed)
+    r2._PLANS.clear()
+    out = torch.full_like(t, float("nan"))
+    rope_2d(t, emb, "thd", sp, cu_seqlens=cu, out=out, config=dict(token_rows=False, block_s=4))
+    (plan,) = r2._PLANS.values()
+    assert plan.constexprs["SEQ_BOUNDS"] == 1 << n_seqs.bit_length()  # next power of 2 >= n + 1
+    assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, cu_seqlens=cu), torch.float32)
+
+
+def test_thd_one_warp_for_2kb_rows_with_few_sequences():
+    """default_config's thd rule: 16-bit token rows of more than 1 KB and at most 2 KB run on one
+    warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences); not with more
+    sequences, other rows, float32, or on the CPU."""
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    cfg = lambda heads, n_seqs, device=gpu, esize=2, d=128: r2.default_config(  # noqa: E731
+        65536, 1, heads, d, d, device, esize, False, "thd", n_seqs=n_seqs)
+    assert cfg(8, 64)["num_warps"] == 1
+    assert cfg(16, 64, d=64)["num_warps"] == 1
+    assert cfg(8, r2.TOKEN_ROWS_ABOVE)["num_warps"] == 1
+    without = {k: v for k, v in cfg(8, 64).items() if k != "num_warps"}
+    assert without == {k: v for k, v in cfg(8, None).items() if k != "num_warps"}
+    for other in (cfg(8, r2.TOKEN_ROWS_ABOVE + 1), cfg(8, None), cfg(32, 64), cfg(4, 64),
+                  cfg(8, 64, esize=4), cfg(8, 64, cpu)):
+        assert other["num_warps"] != 1, other
 
 
 def test_narrow_rounds():
