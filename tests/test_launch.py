@@ -617,11 +617,14 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, monkeypatch):
 def test_thd_count_of_boundaries(n_seqs, seed):
     """Every tile counts the boundaries below its tokens while n_seqs + 1 fits COUNT_BOUNDS_MAX
     (token_rows forced off past TOKEN_ROWS_ABOVE): sequences of 0-5 tokens, so empty ones repeat
-    boundaries, the last tile is partial, and start positions come from each token's sequence.
+    boundaries, tiles of 4 tokens span several sequences and the last one is partial, and start
+    positions come from each token's sequence.
     Output poisoned with NaN, against the reference."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 6, (n_seqs,), generator=g)
     lengths[-1] += 1  # at least one token
+    if int(lengths.sum()) % 4 == 0:
+        lengths[-1] += 1  # a partial last tile of block_s = 4 tokens
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32).to(DEVICE)
     sp = torch.randint(0, 7, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)
     emb = RotaryPositionEmbedding(8, device=DEVICE)(16)
