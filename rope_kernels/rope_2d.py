@@ -507,20 +507,17 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
-    if (on_gpu and tensor_format == "thd" and n_seqs is not None and n_seqs <= TOKEN_ROWS_ABOVE
-            and element_size == 2):
-        cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
-                           interleaved and not pairs_as_words, tensor_format))
-        if 1024 < heads * head_dim * element_size <= 2048:  # one token's row
-            cfg["num_warps"] = 1
-        return cfg
     if (in_place and on_gpu and tensor_format == "bshd" and element_size == 2 and heads >= 8
             and head_dim == rotary_dim == 128 and not interleaved):
         return dict(block_s=1, block_b=1, block_h=min(8, _next_pow2(max(1, heads))), group_b=1,
                     num_warps=2)
     # A new dict each call: the cached tuple stays untouched by callers that edit it.
-    return dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
-                        interleaved and not pairs_as_words, tensor_format))
+    cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
+                       interleaved and not pairs_as_words, tensor_format))
+    if (on_gpu and tensor_format == "thd" and n_seqs is not None and n_seqs <= TOKEN_ROWS_ABOVE
+            and element_size == 2 and 1024 < heads * head_dim * element_size <= 2048):
+        cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
+    return cfg
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
