@@ -595,13 +595,8 @@ def sweeps(mode: str) -> list[tuple[str, dict]]:
     return points
 
 
-def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
-            decode: bool = False, copy_same_gbps: Optional[float] = None,
-            rounds: int = 4) -> list[dict]:
-    """One row per implementation that applies. Decode: every implementation timed once per
-    round, ``rounds`` rounds, each keeping its fastest (host time drifts by microseconds for
-    seconds at a time on the lent machines; rounds spread that drift over all of them)."""
-    rows, timed = [], {}
+def _applicable(impls: dict, problem: Problem, direction: str):
+    """(name, callable) of every implementation that runs ``problem`` in ``direction``."""
     for name, make in impls.items():
         if name.startswith("torch") and problem.tensor_format == "thd" and problem.n_seqs > 256:
             continue  # TE's unfused thd loops over sequences in Python: > 1 s a call, not timed
@@ -609,24 +604,65 @@ def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps
                                         or problem.dtype_name != "bf16"):
             continue  # thd graph-breaks on cu_seqlens.tolist(); other dtypes: compile time
         fn = make(problem, direction)
-        if fn is None:
-            continue
-        try:
-            if decode:
-                time_per_call_us(fn, calls=200)  # compiles and warms up; a failure shows here
-                timed[name] = (fn, "back-to-back per call, fastest of %d rounds" % rounds)
-            else:
-                timed[name] = (time_ms(fn), "do_bench median" + (
-                    ", through torch.autograd.grad"
-                    if direction == "backward" and name.startswith("torch") else ""))
-        except Exception as e:  # noqa: BLE001 - a peer that fails a shape is reported, not fatal
-            warnings.warn(f"{name} failed on {problem.row()}: {type(e).__name__}: {e}")
+        if fn is not None:
+            yield name, fn
+
+
+def _failed(name: str, problem: Problem, e: Exception) -> None:
+    warnings.warn(f"{name} failed on {problem.row()}: {type(e).__name__}: {e}")
+
+
+def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
+            decode: bool = False, copy_same_gbps: Optional[float] = None,
+            rounds: int = 4) -> list[dict]:
+    """One row per implementation that applies, timed with ``time_ms`` (decode: see
+    ``measure_decode``)."""
     if decode:
-        best = {name: math.inf for name in timed}
-        for _ in range(rounds):
-            for name, (fn, _) in timed.items():
-                best[name] = min(best[name], time_per_call_us(fn, calls=1000, repeats=2) / 1e3)
-        timed = {name: (best[name], timing) for name, (_, timing) in timed.items()}
+        return measure_decode([(impls, problem)], sweep, copy_gbps, rounds)
+    timed = {}
+    for name, fn in _applicable(impls, problem, direction):
+        try:
+            timed[name] = (time_ms(fn), "do_bench median" + (
+                ", through torch.autograd.grad"
+                if direction == "backward" and name.startswith("torch") else ""))
+        except Exception as e:  # noqa: BLE001 - a peer that fails a shape is reported, not fatal
+            _failed(name, problem, e)
+    return _rows(timed, problem, direction, sweep, copy_gbps, copy_same_gbps)
+
+
+def measure_decode(problems: list, sweep: str, copy_gbps: float, rounds: int = 4) -> list[dict]:
+    """Forward rows of decode-sized ``problems`` ([(implementations, problem)]), timed back to
+    back (``time_per_call_us``):
+    every (problem, implementation) warmed up first, then timed once per round, ``rounds``
+    rounds over all of them, each keeping its fastest. Host time drifts by microseconds for
+    seconds at a time on the lent machines: interleaved rounds spread that drift over every
+    problem and implementation instead of landing on whichever came first (the run of d32453e,
+    which timed each problem's rounds together, timed every implementation 30-60% slower at its
+    first decode shape, batch 1, than at batch 8; the next full run had them level)."""
+    timing = "back-to-back per call, fastest of %d rounds" % rounds
+    calls = []  # (problem, name, fn)
+    for impls, problem in problems:
+        for name, fn in _applicable(impls, problem, "forward"):
+            try:
+                time_per_call_us(fn, calls=200)  # compiles and warms up; a failure shows here
+                calls.append((problem, name, fn))
+            except Exception as e:  # noqa: BLE001
+                _failed(name, problem, e)
+    best = [math.inf] * len(calls)
+    for _ in range(rounds):
+        for i, (_, _, fn) in enumerate(calls):
+            best[i] = min(best[i], time_per_call_us(fn, calls=1000, repeats=2) / 1e3)
+    rows = []
+    for _, problem in problems:
+        timed = {name: (ms, timing) for (p, name, _), ms in zip(calls, best) if p is problem}
+        rows += _rows(timed, problem, "forward", sweep, copy_gbps)
+    return rows
+
+
+def _rows(timed: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
+          copy_same_gbps: Optional[float] = None) -> list[dict]:
+    """Benchmark rows from {implementation: (ms, how it was timed)}."""
+    rows = []
     for name, (ms, timing) in timed.items():
         gbps = problem.nbytes / ms / 1e6
         rows.append(dict(gpu=torch.cuda.get_device_name(), impl=name, direction=direction,
@@ -691,8 +727,9 @@ def make_problem(fmt: str, dtype: str, kw: dict):
 def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str] = ("sbhd", "bshd", "thd"),
         dtypes: Optional[Iterable[str]] = None, progress: bool = True,
         budget_s: Optional[float] = None, only: Optional[Iterable[str]] = None):
-    """Run the sweeps, most important first (bf16, decode, then fp16/fp32), writing the CSV after
-    every problem; with ``budget_s``, stop starting new problems after that many seconds."""
+    """Run the sweeps: decode first (every decode problem together), then the rest, most important
+    first (bf16, then fp16/fp32), writing the CSV after every problem; with ``budget_s``, stop
+    starting new problems after that many seconds (decode rows are always measured)."""
     import time
     import pandas as pd
 
@@ -714,49 +751,38 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
     jobs.sort(key=lambda job: (job[3] != "bf16", not job[4]))  # bf16 first, decode early
     rows, started, skipped = [], time.time(), 0
     (out / "provenance.json").write_text(json.dumps(prov, indent=2) + "\n")
-    bar = tqdm(jobs, desc="rope bench", disable=not progress) if tqdm else jobs
+    # Decode rows first, while the run is young and nothing else has run: every decode problem of
+    # every entry point together, so that their rounds interleave (``measure_decode``).
     # torch.compile's decode rows are timed after every other decode row: eager calls timed
     # after a compiled function ran in the process were slower on these hosts (see
     # scripts/launch_latency.py), and the order must not favour anyone.
-    decode_late = {entry: {n: m for n, m in table.items() if n.startswith("torch.compile")}
-                   for entry, table in decode_impls.items()}
-    decode_early = {entry: {n: m for n, m in table.items() if n not in decode_late[entry]}
-                    for entry, table in decode_impls.items()}
-    deferred, copy_same = [], {}
-
-    def compiled_decode_rows():
-        out_rows = []
-        for fmt, dtype, kw, sweep in deferred:
-            p = make_problem(fmt, dtype, kw)
-            out_rows += measure(decode_late[_entry(fmt)], p, "forward", sweep, copy_gbps, True)
-            del p
-        deferred.clear()
-        return out_rows
-
-    for sweep, kw, fmt, dtype, decode in bar:
+    decode_jobs = [job for job in jobs if job[4]]
+    jobs = [job for job in jobs if not job[4]]
+    if decode_jobs:
+        problems = [(_entry(fmt), make_problem(fmt, dtype, kw))
+                    for _, kw, fmt, dtype, _ in decode_jobs]
+        for late in (False, True):
+            group = [({n: m for n, m in decode_impls[entry].items()
+                       if n.startswith("torch.compile") == late}, p) for entry, p in problems]
+            rows += measure_decode(group, "decode", copy_gbps)
+        del problems, group
+        torch.cuda.empty_cache()
+    copy_same = {}
+    bar = tqdm(jobs, desc="rope bench", disable=not progress) if tqdm else jobs
+    for sweep, kw, fmt, dtype, _ in bar:
         if budget_s is not None and time.time() - started > budget_s:
             skipped += 1
             continue
-        if deferred and not decode:
-            rows += compiled_decode_rows()
         p = make_problem(fmt, dtype, kw)
-        entry = _entry(fmt)
-        if decode:
-            if decode_late[entry]:
-                deferred.append((fmt, dtype, kw, sweep))
-            rows += measure(decode_early[entry], p, "forward", sweep, copy_gbps, True)  # inference
-        else:
-            if p.nbytes not in copy_same:
-                copy_same[p.nbytes] = copy_same_bytes_gbps(p.nbytes)
-            for direction in ("forward", "backward"):
-                rows += measure(impls[entry], p, direction, sweep, copy_gbps,
-                                copy_same_gbps=copy_same[p.nbytes])
+        if p.nbytes not in copy_same:
+            copy_same[p.nbytes] = copy_same_bytes_gbps(p.nbytes)
+        for direction in ("forward", "backward"):
+            rows += measure(impls[_entry(fmt)], p, direction, sweep, copy_gbps,
+                            copy_same_gbps=copy_same[p.nbytes])
         del p
         torch.cuda.empty_cache()
         pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(out / "bench.csv", index=False,
                                                             float_format="%.6g")
-    if deferred:
-        rows += compiled_decode_rows()
     if skipped:
         print(f"time budget of {budget_s:.0f} s reached: {skipped} of {len(jobs)} problems not run")
         prov["not_run"] = f"{skipped} of {len(jobs)} problems (time budget {budget_s:.0f} s)"

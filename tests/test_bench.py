@@ -85,3 +85,45 @@ def test_recorded_summary_names_the_worst_of_every_entry_point():
     _, worst = table_and_worst(df)
     for entry in ("te", "qk", "qkv"):
         assert any(line.startswith(f"{entry}: worst fraction of copy") for line in worst), entry
+
+
+class _FakeProblem:
+    """Stands in for a decode problem: what measure_decode and its rows read."""
+
+    tensor_format, dtype_name, n_seqs, nbytes = "bshd", "bf16", 1, 1e6
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def row(self):
+        return dict(tensor_format="bshd", dtype="bf16", seq_len=1, batch=self.batch, heads=32,
+                    head_dim=128, rotary_dim=128, n_seqs=1)
+
+
+def test_decode_rounds_interleave_over_every_problem(monkeypatch):
+    # Each round times every (problem, implementation) once before the next round starts, and a
+    # row keeps the fastest of its rounds: the slow first seconds of a run are shared by all.
+    problems = [_FakeProblem(b) for b in (1, 8, 64)]
+    impls = {"a": lambda p, d: ("a", p.batch), "b": lambda p, d: ("b", p.batch),
+             "skipped": lambda p, d: None}
+    timed, warmed = [], []
+    per_call = {("a", 1): [9.0, 5.0, 7.0], ("a", 8): [6.0, 6.5, 6.2],
+                ("a", 64): [8.0, 8.0, 4.0], ("b", 1): [3.0, 3.5, 3.1],
+                ("b", 8): [2.0, 2.5, 2.2], ("b", 64): [2.7, 2.6, 2.8]}
+
+    def fake_time_per_call_us(fn, calls=2000, repeats=3):
+        if calls != 1000:
+            warmed.append(fn)
+            return 0.0
+        timed.append(fn)
+        return 1e3 * per_call[fn][sum(1 for f in timed if f == fn) - 1]
+
+    monkeypatch.setattr(bench, "time_per_call_us", fake_time_per_call_us)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "GPU")
+    out = bench.measure_decode([(impls, p) for p in problems], "decode", 4000.0, rounds=3)
+    keys = [("a", 1), ("b", 1), ("a", 8), ("b", 8), ("a", 64), ("b", 64)]
+    assert warmed == keys, "every call is warmed up once, before any is timed"
+    assert timed == keys * 3, "rounds interleave: each round times every problem once"
+    got = {(r["impl"], r["batch"]): r["ms"] for r in out}
+    assert got == {key: min(per_call[key]) for key in keys}
+    assert {r["sweep"] for r in out} == {"decode"} and {r["direction"] for r in out} == {"forward"}
