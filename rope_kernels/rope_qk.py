@@ -447,7 +447,16 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     4 tokens x 8 heads on 4 warps: +0.5 to +1.9 points of copy forward and backward at bf16
     32q/8k, 32q/32k, 64q/8k, 16q/8k, batch 4, 1024 tokens and fp32 head_dim 128 (3 shuffled rounds
     on an H200, 2026-11-24); fp32 head_dim 64 moved -1.7 forward and +1.9 backward;
-    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below. (Its
+    with half the head rotated it lost 3 points, so partial rotary keeps the tiles below.
+    Refined there (H200, 5 shuffled rounds, 2026-11-24, forward / backward against the 2 KB
+    blocks): where q's heads fill 4 KB blocks, one 4 KB block per program on 2 warps: 32q/8k
+    0.952 / 0.940 -> 0.956 / 0.951, 32q/32k 0.952 / 0.931 -> 0.962 / 0.965, 64q/8k 0.946 / 0.952
+    -> 0.974 / 0.971, 2048 tokens and batch 8 +0.4 to +0.7, batch 1-2 and fp32 level (-0.7 to
+    +0.3); where they would leave half a block empty it lost (8q/8k -13, 24q/8k -3.4 / -0.3
+    points), so other head counts keep 2 KB. Where all of q fits 4 KB (and k is no bigger),
+    loads first on 4 warps: 8q/8k 0.915 / 0.919 -> 0.924 / 0.925, 16q/8k 0.925 / 0.924 -> 0.936
+    / 0.934, 16q/16k 0.939 / 0.938 -> 0.947 / 0.945 (4 KB blocks 0.944 / 0.945), fp32 8q/8k
+    level. (Its
     outputs are laid out like its inputs, as transformers' are: with the same tiles, writing the
     transposed views' memory order instead of new contiguous [b, h, s, d] tensors gained 0.9 to
     3.6 points at every bf16 and fp32 shape above except head_dim 64, -0.5.)
@@ -484,7 +493,12 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)), num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and two_kb_blocks
             and rotary_dim in (None, head_dim)):
-        return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
+        if q_heads * row <= 4096 and k_heads <= q_heads:  # loads first, on 4 warps
+            return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
+                        num_warps=4, all_heads=True, loads_first=True)
+        # 4 KB head blocks where q's heads fill them (no masked half block of q), else 2 KB.
+        block_h = 4096 // row if q_heads % (4096 // row) == 0 else 2048 // row
+        return dict(block_s=1, block_h=block_h, num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cache"] and not interleaved
             and (q_heads + k_heads) * row <= 16384):
         if two_kb_blocks:

@@ -87,17 +87,39 @@ def test_qkv(mode, same_table, seed):
 
 
 def test_default_config_of_hugging_face_tables():
-    """One 2 KB head block per program for Hugging Face's cos/sin where a row is 256 B or more,
-    k fills a block and the whole head is rotated; partial rotary and the interpreter keep their
-    tiles (the measured reasons are in default_config's docstring)."""
+    """Hugging Face's cos/sin where a row is 256 B or more, k fills 2 KB and the whole head is
+    rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
+    2 KB otherwise; loads first on 4 warps where all of q fits 4 KB and k is no bigger. Partial
+    rotary, interleaved pairs and the interpreter keep their tiles (the measured reasons are in
+    default_config's docstring)."""
     hf_tables = rope_qk.ANGLES["cos_sin"]
-    one_block = dict(block_s=1, block_h=8, num_warps=2, all_heads=False)
-    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, False, hf_tables, 128) == one_block
-    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, False, hf_tables) == one_block
-    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, False, hf_tables, 64) != one_block
-    assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, hf_tables, 128) != one_block
-    assert rope_qk.default_config(4096, 32, 8, 128, 2, False, False, hf_tables, 128) != one_block
-    assert rope_qk.default_config(4096, 32, 8, 128, 2, True, True, hf_tables, 128) != one_block
+
+    def blocks(heads):
+        return dict(block_s=1, block_h=heads, num_warps=2, all_heads=False)
+
+    def loads_first(q_heads, k_heads):
+        return dict(block_s=1, block_h=q_heads, block_hk=k_heads, num_warps=4, all_heads=True,
+                    loads_first=True)
+
+    cases = {  # (q_heads, k_heads, head_dim, element size): config
+        (32, 8, 128, 2): blocks(16), (64, 8, 128, 2): blocks(16), (32, 32, 128, 2): blocks(16),
+        (24, 8, 128, 2): blocks(8), (40, 8, 128, 2): blocks(8), (8, 16, 128, 2): blocks(8),
+        (32, 8, 128, 4): blocks(8), (12, 4, 128, 4): blocks(4), (32, 8, 64, 4): blocks(16),
+        (8, 8, 128, 2): loads_first(8, 8), (16, 8, 128, 2): loads_first(16, 8),
+        (16, 16, 128, 2): loads_first(16, 16), (8, 8, 128, 4): loads_first(8, 8),
+    }
+    for (q_heads, k_heads, head_dim, esize), want in cases.items():
+        for rotary_dim in (head_dim, None):
+            got = rope_qk.default_config(4096, q_heads, k_heads, head_dim, esize, True, False,
+                                         hf_tables, rotary_dim)
+            assert got == want, (q_heads, k_heads, head_dim, esize, rotary_dim, got)
+        for on_gpu, interleaved, rotary_dim in ((True, False, head_dim // 2), (False, False, None),
+                                                (True, True, None)):
+            got = rope_qk.default_config(4096, q_heads, k_heads, head_dim, esize, on_gpu,
+                                         interleaved, hf_tables, rotary_dim)
+            assert got != want and not got.get("loads_first"), (q_heads, k_heads, got)
+    # k does not fill 2 KB: loads first on 2 warps (test_default_config_loads_first)
+    assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, hf_tables, 128)["num_warps"] == 2
 
 
 def test_default_config_of_the_cache_in_place():
@@ -121,7 +143,8 @@ def test_default_config_of_the_cache_in_place():
 def test_default_config_loads_first():
     """Loads first where a token's q fits 4 KB and k does not fill 2 KB, the whole head rotated:
     the cache with rows of 256 B or more (in place too), Hugging Face's tables (4 warps for 128 B
-    rows); not where k fills 2 KB, nor for partial rotary, interleaved pairs or the interpreter."""
+    rows); not where k fills 2 KB (except Hugging Face's, test_default_config_of_hugging_face_tables),
+    nor for partial rotary, interleaved pairs or the interpreter."""
     cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
 
     def loads_first(q_heads, k_heads, warps):
@@ -144,10 +167,10 @@ def test_default_config_loads_first():
     assert rope_qk.default_config(4096, 32, 8, 64, 2, True, False, hf_tables,
                                   64) == loads_first(32, 8, 4)
     assert not rope_qk.default_config(4096, 32, 8, 64, 2, True, False, cache, 64).get("loads_first")
+    assert not rope_qk.default_config(4096, 8, 8, 128, 2, True, False, cache,
+                                      128).get("loads_first")  # (Hugging Face's: on 4 warps)
     for angles in (cache, hf_tables):
         assert not rope_qk.default_config(4096, 32, 8, 128, 2, True, False, angles,
-                                          128).get("loads_first")
-        assert not rope_qk.default_config(4096, 8, 8, 128, 2, True, False, angles,
                                           128).get("loads_first")
         assert not rope_qk.default_config(4096, 16, 4, 128, 4, True, False, angles,
                                           128).get("loads_first")
