@@ -447,8 +447,6 @@ def qk_implementations(decode: bool = False) -> dict:
                                                              p.cache, validate=False)
 
     def hf_call(p, direction):
-        if p.rotary_dim != p.head_dim and direction == "backward":
-            pass
         q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
         if direction == "forward":
             return lambda: hf.apply_rotary_pos_emb(q, k, p.cos, p.sin)
@@ -632,13 +630,13 @@ def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps
 
 def measure_decode(problems: list, sweep: str, copy_gbps: float, rounds: int = 4) -> list[dict]:
     """Forward rows of decode-sized ``problems`` ([(implementations, problem)]), timed back to
-    back (``time_per_call_us``):
-    every (problem, implementation) warmed up first, then timed once per round, ``rounds``
-    rounds over all of them, each keeping its fastest. Host time drifts by microseconds for
+    back (``time_per_call_us``): every (problem, implementation) warmed up first, then timed once
+    per round, ``rounds`` rounds over all of them, each keeping its fastest. Host time drifts by microseconds for
     seconds at a time on the lent machines: interleaved rounds spread that drift over every
-    problem and implementation instead of landing on whichever came first (the run of d32453e,
-    which timed each problem's rounds together, timed every implementation 30-60% slower at its
-    first decode shape, batch 1, than at batch 8; the next full run had them level)."""
+    problem and implementation instead of landing on whichever came first (the recorded run of
+    d32453e, which timed each problem's rounds together, timed every implementation 30-60% slower
+    at its first decode shape, batch 1, than at batch 8; a later run of the same code had them
+    level)."""
     timing = "back-to-back per call, fastest of %d rounds" % rounds
     calls = []  # (problem, name, fn)
     for impls, problem in problems:
