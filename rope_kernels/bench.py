@@ -611,12 +611,9 @@ def _failed(name: str, problem: Problem, e: Exception) -> None:
 
 
 def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
-            decode: bool = False, copy_same_gbps: Optional[float] = None,
-            rounds: int = 4) -> list[dict]:
-    """One row per implementation that applies, timed with ``time_ms`` (decode: see
+            copy_same_gbps: Optional[float] = None) -> list[dict]:
+    """One row per implementation that applies, timed with ``time_ms`` (decode-sized problems:
     ``measure_decode``)."""
-    if decode:
-        return measure_decode([(impls, problem)], sweep, copy_gbps, rounds)
     timed = {}
     for name, fn in _applicable(impls, problem, direction):
         try:

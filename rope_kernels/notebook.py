@@ -60,7 +60,7 @@ def results(sweep: Optional[str] = None, live_impls: Optional[list] = None, **fi
         fmt = filters.get("tensor_format", "sbhd" if sweep != "decode" else "bshd")
         dtype = filters.get("dtype", "bf16")
         directions = [filters["direction"]] if "direction" in filters else ["forward", "backward"]
-        rows = []
+        rows, decode_group = [], []
         for name, kw, job_fmt, job_dtype, decode in bench.benchmark_jobs("full", [fmt], [dtype]):
             if (sweep is not None and name != sweep) or job_fmt != fmt or job_dtype != dtype:
                 continue
@@ -68,9 +68,14 @@ def results(sweep: Optional[str] = None, live_impls: Optional[list] = None, **fi
             if live_impls is not None:
                 impls = {k: v for k, v in impls.items() if k in live_impls}
             p = bench.Problem(job_fmt, job_dtype, **kw)
-            for direction in ("forward",) if decode else directions:
-                rows += bench.measure(impls, p, direction, name, copy_gbps, decode)
+            if decode:  # timed together below, in interleaved rounds (as the benchmark does)
+                decode_group.append((impls, p))
+                continue
+            for direction in directions:
+                rows += bench.measure(impls, p, direction, name, copy_gbps)
             del p
+        if decode_group:
+            rows += bench.measure_decode(decode_group, "decode", copy_gbps)
         df = pd.DataFrame(rows)
         print(f"Measured live on {prov['gpu']} (copy {copy_gbps:.0f} GB/s).")
     if sweep is not None:

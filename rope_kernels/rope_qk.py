@@ -487,15 +487,13 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     if (on_gpu and not interleaved and not two_kb_blocks and q_heads * row <= 4096
             and rotary_dim in (None, head_dim)
             and (angles == ANGLES["cos_sin"] or (angles == ANGLES["cache"] and row >= 256))):
-        return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
-                    num_warps=2 if row >= 256 else 4, all_heads=True, loads_first=True)
+        return _loads_first(q_heads, k_heads, num_warps=2 if row >= 256 else 4)
     if on_gpu and in_place and angles == ANGLES["cache"] and not interleaved and width == 128:
         return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)), num_warps=2, all_heads=False)
     if (on_gpu and angles == ANGLES["cos_sin"] and not interleaved and two_kb_blocks
             and rotary_dim in (None, head_dim)):
-        if q_heads * row <= 4096 and k_heads <= q_heads:  # loads first, on 4 warps
-            return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
-                        num_warps=4, all_heads=True, loads_first=True)
+        if q_heads * row <= 4096 and k_heads <= q_heads:
+            return _loads_first(q_heads, k_heads, num_warps=4)
         # 4 KB head blocks where q's heads fill them (no masked half block of q), else 2 KB.
         block_h = 4096 // row if q_heads % (4096 // row) == 0 else 2048 // row
         return dict(block_s=1, block_h=block_h, num_warps=2, all_heads=False)
@@ -517,6 +515,12 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
     return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False)
+
+
+def _loads_first(q_heads: int, k_heads: int, num_warps: int) -> dict:
+    """The loads-first config: one token per program, all of q in one block, all of k in another."""
+    return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
+                num_warps=num_warps, all_heads=True, loads_first=True)
 
 
 class Plan:
