@@ -81,30 +81,43 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
             FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
     """cos/sin of both channels of each pair, [BLOCK_S, HALF] each, for the tokens whose rows
-    start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head."""
+    start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head.
+
+    The table's rows are loaded ``evict_last``: a row is read again by every sequence that has a
+    token at that position (and by every head block of a token), and between two reads the
+    streamed q and k, tens of MB, pass through L2 and would evict it; re-read from memory, the
+    rows of the cos/sin cache add 5% to the bytes at 16 q / 4 k heads. Kept in L2, they do not
+    (see default_config for the measurements)."""
     j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
     sj_mask = s_mask[:, None] & j_mask[None, :]
     row = t_row[:, None]
     if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
-        cos1 = tl.load(table_ptr + row + j[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        cos1 = tl.load(table_ptr + row + j[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                       eviction_policy="evict_last")
         sin1 = tl.load(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d,
-                       mask=sj_mask, other=0.0)
+                       mask=sj_mask, other=0.0, eviction_policy="evict_last")
         cos1 = cos1.to(tl.float32)
         sin1 = sin1.to(tl.float32)
         cos2 = cos1
         sin2 = sin1
     elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
-        cos1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0)
-        cos2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0)
-        sin1 = tl.load(sin_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0)
-        sin2 = tl.load(sin_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        cos1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                       eviction_policy="evict_last")
+        cos2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                       eviction_policy="evict_last")
+        sin1 = tl.load(sin_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                       eviction_policy="evict_last")
+        sin2 = tl.load(sin_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                       eviction_policy="evict_last")
         cos1 = cos1.to(tl.float32)
         cos2 = cos2.to(tl.float32)
         sin1 = sin1.to(tl.float32)
         sin2 = sin2.to(tl.float32)
     else:  # angles: every channel its own table entry, as TransformerEngine's formula
-        f1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0)
-        f2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0)
+        f1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                     eviction_policy="evict_last")
+        f2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0,
+                     eviction_policy="evict_last")
         if FAST_TRIG:
             cos1, sin1 = _fast_sincos(f1)
             cos2, sin2 = _fast_sincos(f2)
