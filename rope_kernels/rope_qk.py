@@ -77,55 +77,52 @@ def _pairs(rotary_dim, INTERLEAVED: tl.constexpr, INT64: tl.constexpr, HALF: tl.
 
 
 @triton.jit
+def _table_row(ptrs, mask):
+    """Entries of the angle table (or of cos and sin), 0 where masked, loaded ``evict_last``: a
+    row is read again by every sequence that has a token at that position (and by every head
+    block of a token), and between two reads the streamed q and k, tens of MB, pass through L2
+    and would evict it; re-read from memory, the cos/sin cache's rows add 5% to the bytes at
+    16 q / 4 k heads of 128. Against the same file without the hint (scripts/qk_table_hint.py,
+    figures/qk_table_hint.json: H200, 16 x 4096 tokens, 5 shuffled rounds) in place gained 0.9 to
+    2.8 points of copy, Hugging Face's tables 0.7 to 1.9 forward and backward at bf16/fp16/fp32
+    32q/8k, 16q/4k, 8q/8k, 32q/32k, 64q/8k, 8192 tokens (-0.6 to +1.3 at batch 1-4, 1024 tokens,
+    half rotary, head_dim 64), out of place was level, -0.8 to +0.9 (that host kept the rows in
+    L2 without the hint: a copy of q and k that also reads each token's row was as fast as the
+    plain copy). On another H200 host, where that copy lost 3.5 points to the plain one and the
+    hint won them back, out of place gained 1.1 to 3.0 points at the same shapes (16q/4k 0.918
+    -> 0.948), level at 1024 tokens (probe, 3 rounds, not recorded)."""
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+
+
+@triton.jit
 def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
             FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
     """cos/sin of both channels of each pair, [BLOCK_S, HALF] each, for the tokens whose rows
     start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head.
-
-    The table's rows are loaded ``evict_last``: a row is read again by every sequence that has a
-    token at that position (and by every head block of a token), and between two reads the
-    streamed q and k, tens of MB, pass through L2 and would evict it; re-read from memory, the
-    cos/sin cache's rows add 5% to the bytes at 16 q / 4 k heads of 128. Against the same file
-    without the hint (scripts/qk_table_hint.py, figures/qk_table_hint.json: H200, 16 x 4096
-    tokens, 5 shuffled rounds) in place gained 0.9 to 2.8 points of copy, Hugging Face's tables
-    0.7 to 1.9 forward and backward at bf16/fp16/fp32 32q/8k, 16q/4k, 8q/8k, 32q/32k, 64q/8k, 8192
-    tokens (-0.6 to +1.3 at batch 1-4, 1024 tokens, half rotary, head_dim 64), out of place was
-    level, -0.8 to +0.9 (that host kept the rows in L2 without the hint: a copy of q
-    and k that also reads each token's row was as fast as the plain copy). On another H200 host,
-    where that copy lost 3.5 points to the plain one and the hint won them back, out of place
-    gained 1.1 to 3.0 points at the same shapes (16q/4k 0.918 -> 0.948), level at 1024 tokens
-    (probe, 3 rounds, not recorded)."""
+    The table's entries are read through ``_table_row`` (kept in L2: see there)."""
     j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
     sj_mask = s_mask[:, None] & j_mask[None, :]
     row = t_row[:, None]
     if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
-        cos1 = tl.load(table_ptr + row + j[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                       eviction_policy="evict_last")
-        sin1 = tl.load(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d,
-                       mask=sj_mask, other=0.0, eviction_policy="evict_last")
+        cos1 = _table_row(table_ptr + row + j[None, :] * t_stride_d, sj_mask)
+        sin1 = _table_row(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d, sj_mask)
         cos1 = cos1.to(tl.float32)
         sin1 = sin1.to(tl.float32)
         cos2 = cos1
         sin2 = sin1
     elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
-        cos1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                       eviction_policy="evict_last")
-        cos2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                       eviction_policy="evict_last")
-        sin1 = tl.load(sin_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                       eviction_policy="evict_last")
-        sin2 = tl.load(sin_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                       eviction_policy="evict_last")
+        cos1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
+        cos2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
+        sin1 = _table_row(sin_ptr + row + c1[None, :] * t_stride_d, sj_mask)
+        sin2 = _table_row(sin_ptr + row + c2[None, :] * t_stride_d, sj_mask)
         cos1 = cos1.to(tl.float32)
         cos2 = cos2.to(tl.float32)
         sin1 = sin1.to(tl.float32)
         sin2 = sin2.to(tl.float32)
     else:  # angles: every channel its own table entry, as TransformerEngine's formula
-        f1 = tl.load(table_ptr + row + c1[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                     eviction_policy="evict_last")
-        f2 = tl.load(table_ptr + row + c2[None, :] * t_stride_d, mask=sj_mask, other=0.0,
-                     eviction_policy="evict_last")
+        f1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
+        f2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
         if FAST_TRIG:
             cos1, sin1 = _fast_sincos(f1)
             cos2, sin2 = _fast_sincos(f2)

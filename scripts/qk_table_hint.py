@@ -80,11 +80,11 @@ def copy_qk_kernel(q_ptr, q_out_ptr, k_ptr, k_out_ptr, table_ptr, seq_len,
 def unhinted_module():
     """rope_qk.py with its table hint removed, as a module launched like the package's."""
     source = pathlib.Path(hinted.__file__).read_text()
-    plain = source.replace(',\n                       eviction_policy="evict_last")', ")")
-    plain = plain.replace(', eviction_policy="evict_last")', ")")
-    plain = plain.replace(',\n                     eviction_policy="evict_last")', ")")
-    if "evict_last\")" in plain or plain == source:
-        raise RuntimeError("could not remove the hint from rope_qk.py: update this script")
+    hint = ', eviction_policy="evict_last")'  # in _table_row, where every table load goes
+    if source.count(hint) != 1:
+        raise RuntimeError("rope_qk.py does not load its table in one _table_row: "
+                           "update this script")
+    plain = source.replace(hint, ")")
     folder = pathlib.Path(tempfile.mkdtemp())
     path = folder / "rope_qk_unhinted.py"
     path.write_text(plain)
