@@ -242,9 +242,11 @@ def _te():
     return call
 
 
-def _liger():
+def _liger(float32_tables: bool = False):
     """Liger-Kernel's in-place Triton rope, which rotates q and k ([b, h, s, d] views of
-    [b, s, h, d] memory, half-split pairs, full rotary only) in one launch."""
+    [b, s, h, d] memory, half-split pairs, full rotary only) in one launch. ``float32_tables``:
+    cos/sin given in float32 instead of t's dtype (it reads half of each row: then as many table
+    bytes as our float32 angle rows; scripts/peer_margins.py)."""
     try:
         from liger_kernel.ops.rope import rope_backward, rope_forward
     except Exception:  # noqa: BLE001
@@ -259,7 +261,8 @@ def _liger():
         q = p.t[:, :, : h // 2].contiguous().transpose(1, 2)
         k = p.t[:, :, h // 2:].contiguous().transpose(1, 2)
         f = p.freqs[:s, 0, 0][None]
-        cos, sin = f.cos().to(p.t.dtype), f.sin().to(p.t.dtype)
+        table_dtype = torch.float32 if float32_tables else p.t.dtype
+        cos, sin = f.cos().to(table_dtype), f.sin().to(table_dtype)
         if direction == "forward":
             return lambda: rope_forward(q, k, cos, sin)
         return lambda: rope_backward(q, k, cos, sin)
@@ -485,7 +488,9 @@ def _qk_graph(p, direction):
         lambda: apply_rope_with_cos_sin_cache_inplace(p.positions, q, k, p.head_dim, p.cache))
 
 
-def _liger_qk():
+def _liger_qk(float32_tables: bool = False):
+    """Liger-Kernel's in-place q+k rope on the [b, h, s, d] views of a QKProblem, with the
+    model's cos and sin (``float32_tables``: the same cos and sin in float32, from the cache)."""
     try:
         from liger_kernel.ops.rope import rope_backward, rope_forward
     except Exception:  # noqa: BLE001
@@ -494,11 +499,16 @@ def _liger_qk():
     def make(p, direction):
         if p.rotary_dim != p.head_dim:
             return None  # Liger rotates whole heads only
+        cos, sin = p.cos, p.sin
+        if float32_tables:
+            half = p.rotary_dim // 2
+            cos = torch.cat((p.cache[:, :half], p.cache[:, :half]), -1)[None]
+            sin = torch.cat((p.cache[:, half:], p.cache[:, half:]), -1)[None]
         q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
         if direction == "forward":
-            return lambda: rope_forward(q, k, p.cos, p.sin)
+            return lambda: rope_forward(q, k, cos, sin)
         gq, gk = p.gq.transpose(1, 2), p.gk.transpose(1, 2)
-        return lambda: rope_backward(gq, gk, p.cos, p.sin)
+        return lambda: rope_backward(gq, gk, cos, sin)
     return make
 
 
@@ -855,22 +865,17 @@ PRIMARY = {"te": "triton-2d (ours)", "qk": "ours: cos_sin_cache, q+k one launch"
 IN_PLACE = {"te": "triton-2d (ours), in place", "qk": "ours: cos_sin_cache in place"}
 
 
-def summary(df) -> str:
-    """Per entry point (TE-style, q+k, fused QKV), format, dtype and direction, on shapes that
-    move >= 256 MB and on all shapes: our kernel's fraction of the copy bandwidth (the 2 GB copy
-    of the run) and of a copy of the same bytes (``copy_same_gbps``, where recorded), and its
-    speed-up over the fastest peer doing the same job at each shape (target: >= 1): an in-place
-    peer (Liger) against our in-place call, the others against our primary call (which returns
-    new tensors); ``speedup_any_min``: the primary call against every peer. Then the worst of
-    each, naming the shape and the peer; then decode."""
+def compare_with_peers(df):
+    """Per shape and direction (``PEER_KEYS``, not decode) where our primary call ran: its time
+    (``ms``), MB moved, fraction of the run's copy (``copy_frac``) and of a copy of the same bytes
+    (``same_size_frac``), its speed-up over the fastest peer doing the same job (``speedup``,
+    target >= 1, that peer in ``best_other``: an in-place peer (Liger) against our in-place call,
+    the others against our primary call, which returns new tensors) and over any peer
+    (``speedup_any``: the primary call against every peer)."""
     import pandas as pd
 
-    df = df.assign(entry=df["entry"].fillna("te") if "entry" in df else "te",
-                   k_heads=df["k_heads"].fillna(0) if "k_heads" in df else 0)
-    if "copy_same_gbps" not in df:
-        df = df.assign(copy_same_gbps=math.nan)
-    keys = ["entry", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads", "k_heads",
-            "head_dim", "rotary_dim", "n_seqs"]
+    df = _normalised(df)
+    keys = PEER_KEYS
     sized = df[df.sweep != "decode"].assign(mbytes=lambda d: d.gbps * d.ms)  # GB/s x ms = MB
     ours = sized[sized.impl == sized.entry.map(PRIMARY)].set_index(keys)
     # (A shape can be in two sweeps: one time per shape.)
@@ -900,6 +905,29 @@ def summary(df) -> str:
         joined["best_other"] = [row[i] for row, i in zip(names, pick)]
     else:
         joined["speedup"], joined["best_other"] = math.nan, None
+    return joined
+
+
+def _normalised(df):
+    """Rows of older recordings (no entry, k_heads or copy_same_gbps column) as current ones."""
+    df = df.assign(entry=df["entry"].fillna("te") if "entry" in df else "te",
+                   k_heads=df["k_heads"].fillna(0) if "k_heads" in df else 0)
+    return df if "copy_same_gbps" in df else df.assign(copy_same_gbps=math.nan)
+
+
+PEER_KEYS = ["entry", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads",
+             "k_heads", "head_dim", "rotary_dim", "n_seqs"]
+
+
+def summary(df) -> str:
+    """Per entry point (TE-style, q+k, fused QKV), format, dtype and direction, on shapes that
+    move >= 256 MB and on all shapes: our kernel's fraction of the copy bandwidth (the 2 GB copy
+    of the run) and of a copy of the same bytes (``copy_same_gbps``, where recorded), and its
+    speed-up over the fastest peer doing the same job at each shape (``compare_with_peers``;
+    target: >= 1); ``speedup_any_min``: the primary call against every peer. Then the worst of
+    each, naming the shape and the peer; then decode."""
+    df = _normalised(df)
+    joined = compare_with_peers(df)
     big = joined[joined.mbytes >= 256]
     group = ["entry", "tensor_format", "dtype", "direction"]
     table = joined.groupby(group).agg(copy_frac_all_min=("copy_frac", "min"),

@@ -127,3 +127,66 @@ def test_decode_rounds_interleave_over_every_problem(monkeypatch):
     got = {(r["impl"], r["batch"]): r["ms"] for r in out}
     assert got == {key: min(per_call[key]) for key in keys}
     assert {r["sweep"] for r in out} == {"decode"} and {r["direction"] for r in out} == {"forward"}
+
+
+def test_compare_with_peers_names_the_peer_and_our_call_it_faced():
+    df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.95,
+                            "Liger-Kernel (q+k, in place)": 0.94,
+                            "flash-attn rotary (Triton)": 1.05})
+                      + rows({"triton-2d (ours)": 2.00, "flash-attn rotary (Triton)": 1.90},
+                             seq_len=8192))
+    joined = bench.compare_with_peers(df).reset_index().set_index("seq_len")
+    assert joined.loc[4096, "best_other"] == "Liger-Kernel (q+k, in place)"
+    assert joined.loc[4096, "speedup"] == pytest.approx(0.94 / 0.95)
+    assert joined.loc[4096, "speedup_any"] == pytest.approx(0.94 / 1.00)
+    assert joined.loc[8192, "best_other"] == "flash-attn rotary (Triton)"
+    assert joined.loc[8192, "speedup"] == pytest.approx(1.90 / 2.00)
+
+
+def _peer_margins():
+    import importlib.util
+
+    path = bench.FIGURES.parent / "scripts" / "peer_margins.py"
+    spec = importlib.util.spec_from_file_location("peer_margins", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peer_margins_picks_every_shape_where_a_peer_led(tmp_path):
+    df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.95,
+                            "Liger-Kernel (q+k, in place)": 0.94})
+                      + rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.95,
+                              "Liger-Kernel (q+k, in place)": 0.96}, batch=8)
+                      + rows({"triton-2d (ours)": 2.00, "flash-attn rotary (Triton)": 1.90},
+                             seq_len=8192, sweep="seq_len")
+                      + rows({"triton-2d (ours)": 2.00, "flash-attn rotary (Triton)": 1.90},
+                             seq_len=8192, sweep="batch"))  # one shape in two sweeps: once
+    csv = tmp_path / "bench.csv"
+    df.to_csv(csv, index=False)
+    points = _peer_margins().peer_leads(csv)
+    assert [(p["seq_len"], p["batch"], p["peer"]) for p in points] == [
+        (4096, 16, "Liger-Kernel (q+k, in place)"), (8192, 16, "flash-attn rotary (Triton)")]
+    assert points[0]["recorded_ratio"] == round(0.94 / 0.95, 4)
+
+
+def test_recorded_peer_margins_belong_to_the_recorded_run():
+    """figures/peer_margins.json re-measured the points where a peer led in figures/bench.csv;
+    its ratios follow from its own fractions."""
+    import json
+
+    module = _peer_margins()
+    data = json.loads((bench.FIGURES / "peer_margins.json").read_text())
+    leads = module.peer_leads(bench.FIGURES / "bench.csv")
+    recorded = [{k: p[k] for k in leads[0]} for p in data["points"]]
+    assert recorded == leads, ("figures/peer_margins.json was measured against another recording "
+                               "of figures/bench.csv: re-run scripts/peer_margins.py")
+    for p in data["points"]:
+        f = p["fractions"]
+        assert set(f) >= {p["ours"], p["peer"]} and p["peer"] != p["ours"]
+        assert p["ratio"] == pytest.approx(f[p["ours"]]["median"] / f[p["peer"]]["median"],
+                                           abs=1e-4)
+        for v in f.values():
+            assert 0 < v["min"] <= v["median"] <= v["max"] < 1.2
+    for dtype, row in data["transposition"].items():
+        assert len(row["fractions"]) == 4, dtype
