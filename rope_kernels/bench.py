@@ -28,6 +28,7 @@ import json
 import math
 import pathlib
 import platform
+import random
 import sys
 import warnings
 from typing import Callable, Iterable, Optional
@@ -69,6 +70,23 @@ def time_per_call_us(fn: Callable[[], object], calls: int = 2000, repeats: int =
         end.synchronize()
         best = min(best, start.elapsed_time(end) * 1e3 / calls)
     return best
+
+
+def shuffled_rounds(fns: dict, nbytes: int, copy_gbps: float, rounds: int) -> dict:
+    """name -> the fractions of ``copy_gbps`` each callable reached, one per round: after one
+    warm-up call each, every round times every callable once (``time_ms``, ``nbytes`` moved a
+    call) in its own shuffled order, so that slow drift of the machine spreads over all of them
+    instead of landing on whichever runs first (the scripts' A/Bs)."""
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    fractions = {name: [] for name in fns}
+    for r in range(rounds):
+        items = list(fns.items())
+        random.Random(r).shuffle(items)
+        for name, fn in items:
+            fractions[name].append(nbytes / time_ms(fn) / 1e6 / copy_gbps)
+    return fractions
 
 
 def copy_bandwidth_gbps(nbytes: int = 2 * 1024**3) -> float:

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import pathlib
-import random
 import sys
 import time
 
@@ -94,19 +93,11 @@ def calls_for(point: dict, problem) -> dict:
 
 
 def shuffled_rounds(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    """name -> {median, min, max} fraction of ``copy`` over ``rounds`` rounds, each timing every
-    callable once (do_bench median) in a shuffled order."""
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    fractions = {name: [] for name in fns}
-    for r in range(rounds):
-        items = list(fns.items())
-        random.Random(r).shuffle(items)
-        for name, fn in items:
-            fractions[name].append(nbytes / bench.time_ms(fn) / 1e6 / copy)
+    """name -> {median, min, max} fraction of ``copy`` over ``rounds`` shuffled rounds
+    (``bench.shuffled_rounds``)."""
     return {name: {"median": round(sorted(v)[len(v) // 2], 4), "min": round(min(v), 4),
-                   "max": round(max(v), 4)} for name, v in fractions.items()}
+                   "max": round(max(v), 4)}
+            for name, v in bench.shuffled_rounds(fns, nbytes, copy, rounds).items()}
 
 
 def check_liger_float32_tables() -> None:

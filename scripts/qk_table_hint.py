@@ -25,7 +25,6 @@ import argparse
 import importlib.util
 import json
 import pathlib
-import random
 import sys
 import tempfile
 import time
@@ -40,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 from rope_kernels import _launch  # noqa: E402
 from rope_kernels import rope_qk as hinted  # noqa: E402
 from rope_kernels.bench import (QKProblem, QKVProblem, _liger_qk, copy_bandwidth_gbps,  # noqa: E402
-                                provenance, time_ms)
+                                provenance)
+from rope_kernels.bench import shuffled_rounds as bench_shuffled_rounds  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128 unless said)
 SHAPES = {
@@ -97,16 +97,9 @@ def unhinted_module():
 
 
 def shuffled_rounds(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    fractions = {name: [] for name in fns}
-    for r in range(rounds):
-        items = list(fns.items())
-        random.Random(r).shuffle(items)
-        for name, fn in items:
-            fractions[name].append(nbytes / time_ms(fn) / 1e6 / copy)
-    return {name: round(sorted(v)[len(v) // 2], 4) for name, v in fractions.items()}
+    """name -> median fraction of copy over ``rounds`` shuffled rounds (``bench.shuffled_rounds``)."""
+    return {name: round(sorted(v)[len(v) // 2], 4)
+            for name, v in bench_shuffled_rounds(fns, nbytes, copy, rounds).items()}
 
 
 def calls(module, p: QKProblem, mode: str):

@@ -190,3 +190,16 @@ def test_recorded_peer_margins_belong_to_the_recorded_run():
             assert 0 < v["min"] <= v["median"] <= v["max"] < 1.2
     for dtype, row in data["transposition"].items():
         assert len(row["fractions"]) == 4, dtype
+
+
+def test_shuffled_rounds_time_every_callable_once_a_round_in_new_orders(monkeypatch):
+    order = []
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "time_ms", lambda fn: order.append(fn()) or {"a": 1.0, "b": 2.0,
+                                                                           "c": 4.0}[order[-1]])
+    fns = {name: (lambda name=name: name) for name in "abc"}
+    out = bench.shuffled_rounds(fns, nbytes=4e6, copy_gbps=8.0, rounds=6)
+    assert out == {"a": [0.5] * 6, "b": [0.25] * 6, "c": [0.125] * 6}  # 4 MB in 1 ms: 4 GB/s
+    rounds = [tuple(order[i:i + 3]) for i in range(0, 18, 3)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    assert len(set(rounds)) > 1, "every round in the same order"
