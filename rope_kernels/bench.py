@@ -889,7 +889,8 @@ def compare_with_peers(df):
     (``same_size_frac``), its speed-up over the fastest peer doing the same job (``speedup``,
     target >= 1, that peer in ``best_other``: an in-place peer (Liger) against our in-place call,
     the others against our primary call, which returns new tensors) and over any peer
-    (``speedup_any``: the primary call against every peer)."""
+    (``speedup_any``: the primary call against every peer). A shape measured in two sweeps has
+    a row for each (the summary's medians count both)."""
     import pandas as pd
 
     df = _normalised(df)
