@@ -80,11 +80,16 @@ def seed(request) -> int:
     return zlib.crc32(request.node.nodeid.encode()) % 2**31
 
 
-def load_solution(stem: str):
-    """The exercise solutions of notebook ``stem`` (notebooks/solutions/<stem>.py) as a module;
-    loaded from its path because the file name starts with a digit."""
-    path = ROOT / "notebooks" / "solutions" / f"{stem}.py"
-    spec = importlib.util.spec_from_file_location(f"solutions_{stem}", path)
+def load_file(path: pathlib.Path, name: str):
+    """The Python file at ``path`` as a module called ``name``: the scripts and the notebooks'
+    solutions are files, not modules of a package."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_solution(stem: str):
+    """The exercise solutions of notebook ``stem`` (notebooks/solutions/<stem>.py) as a module;
+    loaded from its path because the file name starts with a digit."""
+    return load_file(ROOT / "notebooks" / "solutions" / f"{stem}.py", f"solutions_{stem}")

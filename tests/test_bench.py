@@ -8,6 +8,7 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
+from conftest import ROOT, load_file  # noqa: E402
 from rope_kernels import bench  # noqa: E402
 
 SHAPE = dict(gpu="GPU", direction="forward", tensor_format="bshd", dtype="bf16", seq_len=4096,
@@ -143,17 +144,12 @@ def test_compare_with_peers_names_the_peer_and_our_call_it_faced():
     assert joined.loc[8192, "speedup"] == pytest.approx(1.90 / 2.00)
 
 
-def _peer_margins():
-    import importlib.util
-
-    path = bench.FIGURES.parent / "scripts" / "peer_margins.py"
-    spec = importlib.util.spec_from_file_location("peer_margins", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def peer_margins():
+    return load_file(ROOT / "scripts" / "peer_margins.py", "peer_margins")
 
 
-def test_peer_margins_picks_every_shape_where_a_peer_led(tmp_path):
+def test_peer_margins_picks_every_shape_where_a_peer_led(tmp_path, peer_margins):
     df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.95,
                             "Liger-Kernel (q+k, in place)": 0.94})
                       + rows({"triton-2d (ours)": 1.00, "triton-2d (ours), in place": 0.95,
@@ -164,20 +160,19 @@ def test_peer_margins_picks_every_shape_where_a_peer_led(tmp_path):
                              seq_len=8192, sweep="batch"))  # one shape in two sweeps: once
     csv = tmp_path / "bench.csv"
     df.to_csv(csv, index=False)
-    points = _peer_margins().peer_leads(csv)
+    points = peer_margins.peer_leads(csv)
     assert [(p["seq_len"], p["batch"], p["peer"]) for p in points] == [
         (4096, 16, "Liger-Kernel (q+k, in place)"), (8192, 16, "flash-attn rotary (Triton)")]
     assert points[0]["recorded_ratio"] == round(0.94 / 0.95, 4)
 
 
-def test_recorded_peer_margins_belong_to_the_recorded_run():
+def test_recorded_peer_margins_belong_to_the_recorded_run(peer_margins):
     """figures/peer_margins.json re-measured the points where a peer led in figures/bench.csv;
     its ratios follow from its own fractions."""
     import json
 
-    module = _peer_margins()
     data = json.loads((bench.FIGURES / "peer_margins.json").read_text())
-    leads = module.peer_leads(bench.FIGURES / "bench.csv")
+    leads = peer_margins.peer_leads(bench.FIGURES / "bench.csv")
     recorded = [{k: p[k] for k in leads[0]} for p in data["points"]]
     assert recorded == leads, ("figures/peer_margins.json was measured against another recording "
                                "of figures/bench.csv: re-run scripts/peer_margins.py")

@@ -5,23 +5,18 @@ GPU; the timing itself is replaced by one call."""
 
 from __future__ import annotations
 
-import importlib.util
 import types
 
 import pytest
 import torch
 
-from conftest import DEVICE, ROOT, randn
+from conftest import DEVICE, ROOT, load_file, randn
 from rope_kernels import RotaryPositionEmbedding
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("thd_uniform_packs",
-                                                  ROOT / "scripts" / "thd_uniform_packs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "scripts" / "thd_uniform_packs.py", "thd_uniform_packs")
 
 
 def uniform_pack(n_seqs, length, heads, head_dim, dtype, seed):
