@@ -29,6 +29,7 @@ import math
 import pathlib
 import platform
 import random
+import statistics
 import sys
 import warnings
 from typing import Callable, Iterable, Optional
@@ -72,11 +73,52 @@ def time_per_call_us(fn: Callable[[], object], calls: int = 2000, repeats: int =
     return best
 
 
-def shuffled_rounds(fns: dict, nbytes: int, copy_gbps: float, rounds: int) -> dict:
+# GPU clock cycles that time_ms_host_ahead keeps the GPU busy after each flush: about 200 us at
+# the H100's and H200's 1.98 GHz boost clock, several times the Python launch of any call timed
+# here (Liger-Kernel's took 29-49 us a call at batch 1 on an H200, scripts/peer_margins.py).
+HOST_LEAD_CYCLES = 400_000
+
+
+def time_ms_host_ahead(fn: Callable[[], object], warmup: int = 20, rep: int = 60,
+                       lead_cycles: int = HOST_LEAD_CYCLES) -> float:
+    """Median milliseconds of ``fn`` on the GPU, as ``time_ms`` (L2 flushed before each call, each
+    call between two CUDA events), with the GPU kept busy for ``lead_cycles`` after each flush
+    (``torch.cuda._sleep``), before the start event.
+
+    do_bench's loop enqueues a flush (about 70 us of GPU time on an H200), the start event and the
+    call: where the call's Python launch takes longer than the flush, the GPU reaches the start
+    event first and waits for the kernel, and that wait is timed. Here the host stays ahead, so the
+    time is the GPU's alone, however slow the launch (``scripts/peer_margins.py`` measured
+    Liger-Kernel's calls both ways at batch 1). Warm-up and number of calls as do_bench's."""
+    cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
+    fn()
+    torch.cuda.synchronize()
+
+    def timed_calls(n):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends):
+            cache.zero_()
+            torch.cuda._sleep(lead_cycles)
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    estimate = statistics.median(timed_calls(5))
+    for _ in range(max(1, int(warmup / estimate))):
+        fn()
+    return statistics.median(timed_calls(max(1, int(rep / estimate))))
+
+
+def shuffled_rounds(fns: dict, nbytes: int, copy_gbps: float, rounds: int,
+                    timer: Optional[Callable[[Callable[[], object]], float]] = None) -> dict:
     """name -> the fractions of ``copy_gbps`` each callable reached, one per round: after one
-    warm-up call each, every round times every callable once (``time_ms``, ``nbytes`` moved a
-    call) in its own shuffled order, so that slow drift of the machine spreads over all of them
-    instead of landing on whichever runs first (the scripts' A/Bs)."""
+    warm-up call each, every round times every callable once (``timer``, ``time_ms`` unless
+    given; ``nbytes`` moved a call) in its own shuffled order, so that slow drift of the machine
+    spreads over all of them instead of landing on whichever runs first (the scripts' A/Bs)."""
+    timer = timer or time_ms
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
@@ -85,7 +127,7 @@ def shuffled_rounds(fns: dict, nbytes: int, copy_gbps: float, rounds: int) -> di
         items = list(fns.items())
         random.Random(r).shuffle(items)
         for name, fn in items:
-            fractions[name].append(nbytes / time_ms(fn) / 1e6 / copy_gbps)
+            fractions[name].append(nbytes / timer(fn) / 1e6 / copy_gbps)
     return fractions
 
 

@@ -21,8 +21,22 @@
    layout), and torch's copy of q and k into contiguous [b, h, s, d] tensors and into tensors of
    their own layout.
 
+3. ``small_points``: the points of (1) below 256 MB (the benchmark's batch 1-2 shapes, 69-170 MB,
+   20-50 us a call), where the order of ours and the peer changed between runs. Each is measured
+   again on ``--placements`` fresh sets of buffers (a spacer allocation of random size before
+   each, so that they lie elsewhere in memory), ours and the peer on each set, in shuffled rounds
+   timed by ``bench.time_ms_host_ahead``: the GPU is kept busy after each L2 flush, so a call whose
+   Python launch outlasts the flush does not have the GPU's wait for it timed, as it can in
+   do_bench's loop. Per set: each call's median, lowest and highest fraction, and ``paired``, the
+   median over the rounds of ours / the peer in the same round. Also per point: ``host_us``, the
+   Python launch of each call (the host's time per call, back to back), and ``invocations``:
+   ``--invocations`` do_bench medians in a row of ours, the peer and an in-place ``torch.neg``
+   of the same tensors (a control: a native kernel that moves the same bytes) on the first set,
+   timed as the benchmark times a point.
+
 Bytes as in the benchmark (inputs read and outputs written once, the float32 angle rows used
-once); fractions of the 2 GB copy of the same run; every value a do_bench median.
+once); fractions of the 2 GB copy of the same run; every value a median of do_bench or, in (3),
+of its host-ahead variant.
 """
 
 from __future__ import annotations
@@ -31,6 +45,8 @@ import argparse
 import json
 import os
 import pathlib
+import random
+import statistics
 import sys
 import time
 
@@ -92,12 +108,80 @@ def calls_for(point: dict, problem) -> dict:
     return fns
 
 
+def spread(values) -> dict:
+    """{median, min, max} of fractions, rounded as recorded."""
+    return {"median": round(sorted(values)[len(values) // 2], 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
+
+
 def shuffled_rounds(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
     """name -> {median, min, max} fraction of ``copy`` over ``rounds`` shuffled rounds
     (``bench.shuffled_rounds``)."""
-    return {name: {"median": round(sorted(v)[len(v) // 2], 4), "min": round(min(v), 4),
-                   "max": round(max(v), 4)}
-            for name, v in bench.shuffled_rounds(fns, nbytes, copy, rounds).items()}
+    return {name: spread(v) for name, v in bench.shuffled_rounds(fns, nbytes, copy, rounds).items()}
+
+
+SMALL_MBYTES = 256  # points below this size get the placements and host-ahead timing of (3)
+TIMING = (
+    "points, transposition and small_points' invocations: triton.testing.do_bench median (L2 "
+    "flushed per call); small_points' sets: bench.time_ms_host_ahead median (do_bench's flush and "
+    f"events, the GPU kept busy {bench.HOST_LEAD_CYCLES} cycles after each flush); host_us: host "
+    "time per call, 200 calls back to back")
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """Microseconds of the host per call of ``fn``, ``calls`` back to back (fewer than the GPU's
+    launch queue holds, so the host does not wait for the GPU until the end, which is untimed)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    seconds = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return round(seconds / calls * 1e6, 1)
+
+
+def control_for(point: dict, problem, direction: str):
+    """An in-place torch.neg of the tensors the point's calls rotate: a native kernel moving the
+    same bytes (one launch per tensor)."""
+    if point["entry"] == "te":
+        tensors = (problem.t if direction == "forward" else problem.grad,)
+    else:
+        tensors = (problem.q, problem.k) if direction == "forward" else (problem.gq, problem.gk)
+    return lambda: [torch.neg(x, out=x) for x in tensors]
+
+
+def small_point(point: dict, copy: float, rounds: int, placements: int, invocations: int,
+                rng: random.Random) -> dict:
+    """Section (3) of the module docstring for one point."""
+    spacers, fns, sets = [], {}, []
+    for i in range(placements):
+        spacers.append(torch.empty(rng.randint(1, 64) * 2**21 + rng.randint(0, 511) * 4096,
+                                   dtype=torch.uint8, device="cuda"))
+        problem = problem_of(point)
+        calls = calls_for(point, problem)
+        ours, peer = list(calls)[:2]
+        sets.append(problem)
+        fns[(ours, i)], fns[(point["peer"], i)] = calls[ours], calls[peer]
+    named = {f"{name} | set {i}": fn for (name, i), fn in fns.items()}
+    fractions = bench.shuffled_rounds(named, sets[0].nbytes, copy, rounds,
+                                      timer=bench.time_ms_host_ahead)
+    row = {"sets": []}
+    for i in range(placements):
+        a, b = fractions[f"{ours} | set {i}"], fractions[f"{peer} | set {i}"]
+        row["sets"].append({"ours": spread(a), "peer": spread(b),
+                            "paired": round(statistics.median(x / y for x, y in zip(a, b)), 4)})
+    first = {ours: fns[(ours, 0)], peer: fns[(peer, 0)],
+             "torch.neg in place (control)": control_for(point, sets[0], point["direction"])}
+    row["host_us"] = {name: host_us(fn) for name, fn in first.items()}
+    row["invocations"] = {name: [] for name in first}
+    for _ in range(invocations):
+        for name, fn in first.items():
+            row["invocations"][name].append(
+                round(sets[0].nbytes / bench.time_ms(fn) / 1e6 / copy, 4))
+    del spacers, sets, fns, named, first
+    torch.cuda.empty_cache()
+    return row
 
 
 def check_liger_float32_tables() -> None:
@@ -119,14 +203,17 @@ def main(argv=None):
     parser.add_argument("--bench", type=pathlib.Path, default=ROOT / "figures" / "bench.csv")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--placements", type=int, default=3)
+    parser.add_argument("--invocations", type=int, default=8)
     args = parser.parse_args(argv)
     if bench._liger_qk() is not None:
         check_liger_float32_tables()
     copy = bench.copy_bandwidth_gbps()
     result = {"provenance": bench.provenance(copy, "peer_margins"), "rounds": args.rounds,
               "recorded_run": os.path.relpath(args.bench, ROOT),
-              "points": [], "transposition": {}}
+              "points": [], "transposition": {}, "small_points": []}
     result["provenance"]["command"] = "python scripts/peer_margins.py"
+    result["provenance"]["timing"] = TIMING
     start = time.time()
 
     for point in peer_leads(args.bench):
@@ -172,6 +259,21 @@ def main(argv=None):
             print(f"transposition {dtype}: {name:66s} {v['median']:.3f}", flush=True)
         del p, q_bhsd, k_bhsd, q_t, k_t, q_s, k_s, out
         torch.cuda.empty_cache()
+
+    rng = random.Random(0)
+    for point in result["points"]:
+        if point["recorded_mbytes"] >= SMALL_MBYTES:
+            continue
+        keys = {key: point[key] for key in (*bench.PEER_KEYS, "peer", "recorded_mbytes")}
+        row = dict(keys, ours=point["ours"], **small_point(point, copy, args.rounds,
+                                                          args.placements, args.invocations, rng))
+        result["small_points"].append(row)
+        print(f"{bench._shape(point):58s} paired ours/peer per set "
+              + " ".join(f"{s['paired']:.3f}" for s in row["sets"])
+              + "; host us " + ", ".join(f"{v:.1f}" for v in row["host_us"].values())
+              + f"  [{time.time() - start:.0f} s]", flush=True)
+        for name, v in row["invocations"].items():
+            print(f"    do_bench x{len(v)} {name:40s} " + " ".join(f"{x:.3f}" for x in v), flush=True)
 
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -185,6 +185,22 @@ def test_recorded_peer_margins_belong_to_the_recorded_run(peer_margins):
             assert 0 < v["min"] <= v["median"] <= v["max"] < 1.2
     for dtype, row in data["transposition"].items():
         assert len(row["fractions"]) == 4, dtype
+    # (3): every point under 256 MB again, on several sets of buffers, timed with the host ahead
+    small = [p for p in data["points"] if p["recorded_mbytes"] < peer_margins.SMALL_MBYTES]
+    assert [{k: p[k] for k in bench.PEER_KEYS} for p in data["small_points"]] == [
+        {k: p[k] for k in bench.PEER_KEYS} for p in small] != []
+    for p in data["small_points"]:
+        assert len(p["sets"]) >= 2
+        for s in p["sets"]:
+            for v in (s["ours"], s["peer"]):
+                assert 0 < v["min"] <= v["median"] <= v["max"] < 1.2
+            # the median of per-round ratios lies between the extreme ratios of the medians' spreads
+            assert s["ours"]["min"] / s["peer"]["max"] <= s["paired"] <= (
+                s["ours"]["max"] / s["peer"]["min"])
+        assert set(p["host_us"]) == set(p["invocations"]) == {
+            p["ours"], p["peer"], "torch.neg in place (control)"}
+        assert all(us > 0 for us in p["host_us"].values())
+        assert len({len(v) for v in p["invocations"].values()}) == 1
 
 
 def test_shuffled_rounds_time_every_callable_once_a_round_in_new_orders(monkeypatch):
@@ -198,3 +214,29 @@ def test_shuffled_rounds_time_every_callable_once_a_round_in_new_orders(monkeypa
     rounds = [tuple(order[i:i + 3]) for i in range(0, 18, 3)]
     assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
     assert len(set(rounds)) > 1, "every round in the same order"
+
+
+def test_shuffled_rounds_time_with_the_timer_given(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "time_ms", lambda fn: pytest.fail("timed by time_ms"))
+    out = bench.shuffled_rounds({"a": lambda: None}, nbytes=4e6, copy_gbps=8.0, rounds=2,
+                                timer=lambda fn: 2.0)
+    assert out == {"a": [0.25, 0.25]}
+
+
+@pytest.mark.skipif(not bench.torch.cuda.is_available(), reason="times the GPU")
+def test_host_ahead_timing_leaves_out_a_launch_slower_than_the_flush():
+    """A call with 150 us of Python before a tiny kernel: do_bench's loop times the GPU waiting
+    for it after the L2 flush (about 70 us on an H200), time_ms_host_ahead does not."""
+    import time
+
+    x = bench.torch.zeros(1024, device="cuda")
+
+    def slow_launch():
+        end = time.perf_counter() + 150e-6
+        while time.perf_counter() < end:
+            pass
+        x.add_(1)
+
+    plain, ahead = bench.time_ms(slow_launch), bench.time_ms_host_ahead(slow_launch)
+    assert ahead < 0.02 < plain, (ahead, plain)  # milliseconds
