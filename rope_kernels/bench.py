@@ -75,7 +75,7 @@ def time_per_call_us(fn: Callable[[], object], calls: int = 2000, repeats: int =
 
 # GPU clock cycles that time_ms_host_ahead keeps the GPU busy after each flush: about 200 us at
 # the H100's and H200's 1.98 GHz boost clock, several times the Python launch of any call timed
-# here (Liger-Kernel's took 29-49 us a call at batch 1 on an H200, scripts/peer_margins.py).
+# here (Liger-Kernel's took 28-50 us a call at batch 1-2 on an H200: figures/peer_margins.json).
 HOST_LEAD_CYCLES = 400_000
 
 
@@ -85,11 +85,14 @@ def time_ms_host_ahead(fn: Callable[[], object], warmup: int = 20, rep: int = 60
     call between two CUDA events), with the GPU kept busy for ``lead_cycles`` after each flush
     (``torch.cuda._sleep``), before the start event.
 
-    do_bench's loop enqueues a flush (about 70 us of GPU time on an H200), the start event and the
-    call: where the call's Python launch takes longer than the flush, the GPU reaches the start
-    event first and waits for the kernel, and that wait is timed. Here the host stays ahead, so the
-    time is the GPU's alone, however slow the launch (``scripts/peer_margins.py`` measured
-    Liger-Kernel's calls both ways at batch 1). Warm-up and number of calls as do_bench's."""
+    do_bench's loop enqueues a flush (256 MB written: at least 53 us at the H200's 4.8 TB/s), the
+    start event and the call: where the call's Python launch takes longer than the flush, the GPU
+    reaches the start event first and waits for the kernel, and that wait is timed. Here the host
+    stays ahead, so the time is the GPU's alone for any launch shorter than the lead. At 69-170 MB
+    do_bench's medians of any kernel fall on one of two levels about 3 points of copy apart from one
+    call of it to the next (recorded in ``small_points`` of ``scripts/peer_margins.py``); in a
+    probe, ten medians of this function in a row stayed within 0.1 point. Warm-up and number of
+    calls as do_bench's."""
     cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
     fn()
     torch.cuda.synchronize()
