@@ -22,7 +22,7 @@
    their own layout.
 
 3. ``small_points``: the points of (1) below 256 MB (the benchmark's batch 1-2 shapes, 69-170 MB,
-   20-50 us a call), where the order of ours and the peer changed between runs. Each is measured
+   22-47 us a call), where the order of ours and the peer changed between runs. Each is measured
    again on ``--placements`` fresh sets of buffers (a spacer allocation of random size before
    each, so that they lie elsewhere in memory), ours and the peer on each set, in shuffled rounds
    timed by ``bench.time_ms_host_ahead``: the GPU is kept busy after each L2 flush, so a call whose
