@@ -91,14 +91,15 @@ def problem_of(point: dict):
     return bench.make_problem(point["tensor_format"], point["dtype"], kw)
 
 
-def calls_for(point: dict, problem) -> dict:
-    """name -> callable: our call doing the peer's job, the peer, and Liger's float32 run."""
+def calls_for(point: dict, problem, float32_tables: bool = True) -> dict:
+    """name -> callable: our call doing the peer's job, the peer, and (``float32_tables``)
+    Liger's float32 run."""
     entry = point["entry"]
     impls = {"te": bench.implementations, "qk": bench.qk_implementations,
              "qkv": bench.qkv_implementations}[entry]()
     ours = (bench.IN_PLACE if "in place" in point["peer"] else bench.PRIMARY)[entry]
     names = [ours, point["peer"]]
-    if point["peer"] == LIGER:
+    if point["peer"] == LIGER and float32_tables:
         impls[LIGER_FLOAT32] = (bench._liger if entry == "te" else bench._liger_qk)(True)
         names.append(LIGER_FLOAT32)
     fns = {name: impls[name](problem, point["direction"]) for name in names}
@@ -141,29 +142,29 @@ def host_us(fn, calls: int = 200) -> float:
     return round(seconds / calls * 1e6, 1)
 
 
-def control_for(point: dict, problem, direction: str):
+def control_for(point: dict, problem):
     """An in-place torch.neg of the tensors the point's calls rotate: a native kernel moving the
     same bytes (one launch per tensor)."""
+    forward = point["direction"] == "forward"
     if point["entry"] == "te":
-        tensors = (problem.t if direction == "forward" else problem.grad,)
+        tensors = (problem.t if forward else problem.grad,)
     else:
-        tensors = (problem.q, problem.k) if direction == "forward" else (problem.gq, problem.gk)
+        tensors = (problem.q, problem.k) if forward else (problem.gq, problem.gk)
     return lambda: [torch.neg(x, out=x) for x in tensors]
 
 
 def small_point(point: dict, copy: float, rounds: int, placements: int, invocations: int,
                 rng: random.Random) -> dict:
     """Section (3) of the module docstring for one point."""
-    spacers, fns, sets = [], {}, []
+    spacers, named, sets = [], {}, []
     for i in range(placements):
         spacers.append(torch.empty(rng.randint(1, 64) * 2**21 + rng.randint(0, 511) * 4096,
                                    dtype=torch.uint8, device="cuda"))
-        problem = problem_of(point)
-        calls = calls_for(point, problem)
-        ours, peer = list(calls)[:2]
-        sets.append(problem)
-        fns[(ours, i)], fns[(point["peer"], i)] = calls[ours], calls[peer]
-    named = {f"{name} | set {i}": fn for (name, i), fn in fns.items()}
+        sets.append(problem_of(point))
+        calls = calls_for(point, sets[-1], float32_tables=False)
+        for name, fn in calls.items():
+            named[f"{name} | set {i}"] = fn
+    ours, peer = calls
     fractions = bench.shuffled_rounds(named, sets[0].nbytes, copy, rounds,
                                       timer=bench.time_ms_host_ahead)
     row = {"sets": []}
@@ -171,15 +172,15 @@ def small_point(point: dict, copy: float, rounds: int, placements: int, invocati
         a, b = fractions[f"{ours} | set {i}"], fractions[f"{peer} | set {i}"]
         row["sets"].append({"ours": spread(a), "peer": spread(b),
                             "paired": round(statistics.median(x / y for x, y in zip(a, b)), 4)})
-    first = {ours: fns[(ours, 0)], peer: fns[(peer, 0)],
-             "torch.neg in place (control)": control_for(point, sets[0], point["direction"])}
+    first = {ours: named[f"{ours} | set 0"], peer: named[f"{peer} | set 0"],
+             "torch.neg in place (control)": control_for(point, sets[0])}
     row["host_us"] = {name: host_us(fn) for name, fn in first.items()}
     row["invocations"] = {name: [] for name in first}
     for _ in range(invocations):
         for name, fn in first.items():
             row["invocations"][name].append(
                 round(sets[0].nbytes / bench.time_ms(fn) / 1e6 / copy, 4))
-    del spacers, sets, fns, named, first
+    del spacers, sets, named, first
     torch.cuda.empty_cache()
     return row
 
