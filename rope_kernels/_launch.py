@@ -131,23 +131,30 @@ _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 def _dispatch_is_plain(kernel) -> bool:
     """True when Triton's dispatch would do nothing but pick and launch the kernel."""
+    try:
+        # Recent Triton (3.6 on): the launch hooks are HookChains, empty by default, and a
+        # JITFunction has ``debug`` and ``pre_run_hooks``. Attribute reads only: this runs on
+        # every launch.
+        runtime = _RUNTIME
+        return not (runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls
+                    or runtime.debug or runtime.add_stages_inspection_hook is not None
+                    or kernel.debug or kernel.pre_run_hooks)
+    except AttributeError:
+        return _dispatch_is_plain_any(kernel)
+
+
+def _dispatch_is_plain_any(kernel) -> bool:
+    """``_dispatch_is_plain`` for what its attribute reads do not cover: no kernel (None), a
+    hook set as a plain callable, no hook attributes of that kind (older Triton)."""
     runtime = _RUNTIME
     if runtime is None:
         return False
-    try:
-        # Recent Triton (3.6 on): the launch hooks are HookChains, empty by default. Attribute
-        # reads only: this runs on every launch.
-        if (runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls or runtime.debug
-                or runtime.add_stages_inspection_hook is not None):
-            return False
-    except AttributeError:
-        # A hook set as a plain callable, or no hook attribute of that kind (older Triton).
-        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if ((enter is not None and getattr(enter, "calls", True))
-                or (leave is not None and getattr(leave, "calls", True))
-                or getattr(runtime, "add_stages_inspection_hook", None) is not None
-                or runtime.debug):
-            return False
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    if ((enter is not None and getattr(enter, "calls", True))
+            or (leave is not None and getattr(leave, "calls", True))
+            or getattr(runtime, "add_stages_inspection_hook", None) is not None
+            or getattr(runtime, "debug", False)):
+        return False
     return kernel is None or not (getattr(kernel, "debug", False)
                                   or getattr(kernel, "pre_run_hooks", None))
 

@@ -60,11 +60,11 @@ class _Shortcuts:
     each ``(flags, check, entry)``: the call's flags (its entry point's tag, then every argument
     that is not a tensor, and which optional tensors are None) compared by value, then its
     tensors by ``check`` (``_launch.tensor_check``: their dtypes, devices, shapes and strides
-    against the ones the key was built from, with a stand-in for a None tensor). What the key
-    holds is therefore what flags and check compare: a match is the entry the key would find,
-    at a third of the cost of building and hashing the key. (The check also refuses one tensor
-    object in two places, as torch.compile's guard does; such a call, q and k the same tensor
-    for instance, simply takes the key.)
+    against the ones the key was built from; a None tensor is left out, the flags having said
+    which are None). What the key holds is therefore what flags and check compare: a match is
+    the entry the key would find, at a third of the cost of building and hashing the key. (The
+    check also refuses one tensor object in two places, as torch.compile's guard does; such a
+    call, q and k the same tensor for instance, simply takes the key.)
     """
 
     RECENT = 4  # signatures tried before the key: q and k of a layer, the QKV and cache calls
@@ -75,8 +75,8 @@ class _Shortcuts:
         self.recent: tuple = ()
 
     def remember(self, flags, tensors, entry):
-        """Put ``entry``, just found by its key for a call with these flags and tensors (None
-        ones replaced by their stand-ins), first among the ``recent`` signatures."""
+        """Put ``entry``, just found by its key for a call with these flags and tensors (the
+        ones given, as the call's check will pass them), first among the ``recent`` signatures."""
         recent = self.recent
         if recent and recent[0][2] is entry:
             return
@@ -117,9 +117,9 @@ class _Shortcuts:
 
 
 _SHORTCUTS = _Shortcuts()
-# Stand-ins in a shortcut's tensor check for a None tensor argument, or for a table that is the
-# same object as the one before it (the guard refuses one tensor passed twice): one per place.
-_ABSENT_3, _ABSENT_4 = torch.empty(0), torch.empty(0)
+# Stand-in in fused QKV's tensor check for k_freqs when it is q_freqs' object (the guard refuses
+# one tensor passed twice). A None tensor is left out of the check: the flags say which are None.
+_SAME_TABLE = torch.empty(0)
 
 
 def _tensor_meta(x):
@@ -204,8 +204,10 @@ def apply_rotary_pos_emb(
         # first tried as flags and a tensor check against the recent signatures.
         flags = ("te", tensor_format, interleaved, t.data_ptr() & 15 if interleaved else 0,
                  cp_size, cp_rank, kernel, start_positions is None, cu_seqlens is None)
-        guarded = (t, freqs, _ABSENT_3 if start_positions is None else start_positions,
-                   _ABSENT_4 if cu_seqlens is None else cu_seqlens)
+        # The tensors given (flags say which are None; the check costs per tensor).
+        guarded = (t, freqs) if start_positions is None else (t, freqs, start_positions)
+        if cu_seqlens is not None:
+            guarded += (cu_seqlens,)
         for known, check, entry in _SHORTCUTS.recent:
             if known == flags and check(*guarded):
                 return entry((t, freqs, start_positions, cu_seqlens))[0]
@@ -320,8 +322,9 @@ def apply_fused_qkv_rotary_pos_emb(
             # (Whether q and k read one table decides the plan: their addresses are compared.)
             flags = ("qkv", q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
                      tensor_format, interleaved, cp_size, cp_rank, start_positions is None)
-            guarded = (qkv, q_freqs, _ABSENT_3 if k_freqs is q_freqs else k_freqs,
-                       _ABSENT_4 if start_positions is None else start_positions)
+            guarded = (qkv, q_freqs, _SAME_TABLE if k_freqs is q_freqs else k_freqs)
+            if start_positions is not None:
+                guarded += (start_positions,)
             for known, check, entry in _SHORTCUTS.recent:
                 if known == flags and check(*guarded):
                     q, k, v = entry((qkv, q_freqs, k_freqs, start_positions))

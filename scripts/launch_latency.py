@@ -134,6 +134,15 @@ def main(argv=None):
             lambda: _launch._EMPTY_STRIDED_CUDA(tuple(t.shape), t.stride(), t.dtype), True)
     row("host only: torch.empty_like(t)", lambda: torch.empty_like(t), True)
     row("host only: data_ptr() of the 5 pointer arguments", lambda: [p.data_ptr() for p in pointers], True)
+    # What a call pays before its launch on an armed shortcut: the tensor check (one guard a
+    # tensor given; a None one is left out) and the test that Triton's dispatch is plain.
+    for tensors in ((t, freqs), (t, freqs, starts)):
+        check = _launch.tensor_check(tensors)
+        if check:
+            row(f"host only: a shortcut's tensor check, {len(tensors)} tensors",
+                lambda check=check, tensors=tensors: check(*tensors), True)
+    row("host only: _launch._dispatch_is_plain (Triton's hooks and debug flags)",
+        lambda: _launch._dispatch_is_plain(r2.rope_2d_kernel), True)
     row("host only: metadata checks, signature remembered",
         lambda: validate_rope_args(t, freqs, "bshd", starts, False, None, 1, 0, True, False), True)
     row("host only: value checks of start_positions (host copy)",
@@ -208,7 +217,12 @@ def main(argv=None):
               "us_per_call_max": spread, "rounds": args.rounds,
               "triton": triton.__version__, "thin_launch_enabled_at_end": _launch.ENABLED}
     result["provenance"].pop("copy_gbps")
+    result["provenance"].pop("bytes")
     result["provenance"]["command"] = "python scripts/launch_latency.py"
+    result["provenance"]["timing"] = (
+        f"back-to-back calls timed with CUDA events (bench.time_per_call_us), in {args.rounds} "
+        "rounds, every row once a round: us_per_call the fastest round, us_per_call_max the "
+        "slowest; 'host only' rows time.perf_counter over 20000 calls")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
