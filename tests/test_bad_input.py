@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, randn
-from rope_kernels import RotaryPositionEmbedding, apply_rotary_pos_emb
+from rope_kernels import RotaryPositionEmbedding, _validate, apply_rotary_pos_emb
 
 S, B, H, D = 8, 2, 3, 16
 
@@ -156,3 +156,35 @@ def test_remembered_signature_still_checks_values_and_flags():
     with pytest.raises(TypeError, match="interleaved must be a bool"):
         apply_rotary_pos_emb(_t(), _emb(rows=S + 2), start_positions=starts, interleaved=0,
                              fused=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [1, 2, _validate._HOST_REDUCE_MAX, _validate._HOST_REDUCE_MAX + 1,
+                               4099])
+def test_min_max_of_device_values(n, dtype):
+    """Both ways of _min_max (the values copied to the host whole, or reduced on the device
+    first) give the extremes as Python ints wherever they lie, on a strided view too (as
+    ``position_ids[:, 0]`` is), and int64 values past the int32 range unchanged."""
+    g = torch.Generator().manual_seed(n)
+    big = 2**40 if dtype == torch.int64 else 2**30
+    base = torch.randint(-1000, 1000, (2 * n,), generator=g, dtype=torch.int64)
+    low_at, high_at = torch.randperm(n, generator=g)[:2].tolist() if n > 1 else (0, 0)
+    base[2 * low_at] = -big
+    if n > 1:
+        base[2 * high_at] = big
+    x = base.to(dtype=dtype, device=DEVICE)[::2]
+    lowest, highest = _validate._min_max(x)
+    assert type(lowest) is int and type(highest) is int
+    assert (lowest, highest) == (-big, big if n > 1 else -big)
+
+
+@pytest.mark.parametrize("bad", [-1, S + 3])
+def test_start_positions_checked_past_the_host_reduce_size(bad):
+    """More sequences than _validate._HOST_REDUCE_MAX: their start positions are reduced on the
+    device before the copy to the host, and a bad one is still found wherever it is."""
+    n = _validate._HOST_REDUCE_MAX + 5
+    starts = torch.randint(0, 3, (n,), dtype=torch.int32, device=DEVICE)
+    starts[n // 3] = bad
+    with pytest.raises(ValueError, match="start_positions must be >= 0" if bad < 0
+                       else "freqs has 11 rows"):
+        apply_rotary_pos_emb(_t((S, n, 1, D)), _emb(rows=S + 3), "sbhd", starts, fused=True)

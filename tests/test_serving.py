@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU, assert_rope_close, randn
-from rope_kernels import (apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace,
-                          rope_qk)
+from rope_kernels import (_validate, apply_rope_with_cos_sin_cache,
+                          apply_rope_with_cos_sin_cache_inplace, rope_qk)
 
 
 def make_cache(max_position: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -132,6 +132,19 @@ def test_bad_input(case, changes, exc, words, inplace):
         fn(**args)
     for word in words:
         assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
+
+
+@pytest.mark.parametrize("bad", [-1, 8])
+def test_positions_checked_past_the_host_reduce_size(bad):
+    """More tokens than _validate._HOST_REDUCE_MAX: the positions are reduced on the device
+    before the copy to the host, and a bad one is still found wherever it is."""
+    n = _validate._HOST_REDUCE_MAX + 44
+    positions = torch.randint(0, 8, (n,), device=DEVICE)
+    positions[2 * n // 3] = bad
+    args = _args(positions=positions, query=randn((n, 4 * 16), torch.float32, 1),
+                 key=randn((n, 2 * 16), torch.float32, 2))
+    with pytest.raises(ValueError, match=rf"positions must lie in \[0, 8\)(.|\n)*{bad}"):
+        apply_rope_with_cos_sin_cache(**args)
 
 
 def test_devices_must_match():
