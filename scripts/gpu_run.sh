@@ -10,7 +10,8 @@
 #            workers, then the QKV tests on fewer, as the card's memory allows: at 6 workers 338
 #            of them failed on an H200 (2026-11-23) and all 2016 passed at 4; at 4 without the
 #            allocator setting exported below, 151 failed with CUDA out of memory; on an H100
-#            (80 GB, 2026-11-25) 409 failed with CUDA out of memory at 4 and all passed at 2
+#            (80 GB, 2026-11-25) 409 failed with CUDA out of memory at 4 and all passed at 2.
+#            Extra pytest arguments (after OUT_DIR) make it one run with them instead, as before.
 # latency:   scripts/launch_latency.py
 # bench:     python -m rope_kernels.bench --mode full (set ROPE_PEER_DIR for flash-attn's rotary)
 # packs:     scripts/thd_uniform_packs.py, uniform thd packs beside flash-attn (ROPE_PEER_DIR too)
@@ -22,9 +23,13 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 case "$part" in
   tests) python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -n 8 --tb=short "${@:3}" 2>&1 | tee "$out/tests.log" | tail -40 ;;
-  te) qkv_workers=$(python3 -c "import torch; print(4 if torch.cuda.get_device_properties(0).total_memory > 100e9 else 2)")
-      { bash ../shared/te/run.sh -k "not qkv" "${@:3}"
-        bash ../shared/te/run.sh -k qkv -n "$qkv_workers" "${@:3}"; } 2>&1 | tee "$out/te.log" | grep -E "passed|failed|error" ;;
+  te) if [ $# -gt 2 ]; then  # pytest arguments given (a -k of theirs would replace the split's): one run
+        bash ../shared/te/run.sh "${@:3}" 2>&1 | tee "$out/te.log" | tail -15
+      else
+        qkv_workers=$(python3 -c "import torch; print(4 if torch.cuda.get_device_properties(0).total_memory > 100e9 else 2)")
+        { bash ../shared/te/run.sh -k "not qkv"
+          bash ../shared/te/run.sh -k qkv -n "$qkv_workers"; } 2>&1 | tee "$out/te.log" | grep -E "passed|failed|error"
+      fi ;;
   latency) python3 scripts/launch_latency.py --out "$out/launch_latency.json" 2>&1 | tee "$out/latency.log" ;;
   bench) python3 -m rope_kernels.bench --mode full --out "$out" --no-progress "${@:3}" 2>&1 | tee "$out/bench.log" | tail -60 ;;
   packs) python3 scripts/thd_uniform_packs.py --out "$out/thd_uniform_packs.json" 2>&1 | tee "$out/packs.log" ;;
