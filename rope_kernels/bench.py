@@ -30,6 +30,7 @@ import pathlib
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import warnings
 from typing import Callable, Iterable, Optional
@@ -149,9 +150,28 @@ def copy_same_bytes_gbps(moved: int) -> float:
     return copy_bandwidth_gbps(max(moved // 2, 4096))
 
 
+def source_commit(root: Optional[pathlib.Path] = None) -> str:
+    """The git commit of the code that ran (12 hex digits; ``root``: this package's checkout),
+    with ``+changes`` where tracked files differ from it; ``unknown`` outside a git checkout or
+    without git."""
+    root = pathlib.Path(__file__).resolve().parents[1] if root is None else root
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+changes" if changed else "")
+
+
 def provenance(copy_gbps: float, mode: str) -> dict:
     return {
         "gpu": torch.cuda.get_device_name(),
+        "commit": source_commit(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,

@@ -7,6 +7,8 @@ import csv
 import json
 import pathlib
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -93,6 +95,31 @@ def test_recorded_figures_carry_provenance():
     assert list((ROOT / "figures").glob("*.png")), "no plots in figures/"
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_provenance_names_the_commit_that_ran(tmp_path):
+    """bench.provenance records bench.source_commit(): the checkout's commit, marked where tracked
+    files differ from it, and 'unknown' outside a checkout."""
+    from rope_kernels.bench import source_commit
+
+    assert source_commit(tmp_path) == "unknown"
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t",
+                               "-c", "user.email=t@example.org", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "kernel.py").write_text("x = 1\n")
+    git("add", "kernel.py")
+    git("commit", "-q", "-m", "first")
+    head = git("rev-parse", "HEAD")
+    assert source_commit(tmp_path) == head[:12]
+    (tmp_path / "notes.txt").write_text("untracked files do not count\n")
+    assert source_commit(tmp_path) == head[:12]
+    (tmp_path / "kernel.py").write_text("x = 2\n")
+    assert source_commit(tmp_path) == head[:12] + "+changes"
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "figures").glob("*.json")), ids=lambda p: p.name)
 def test_every_recorded_json_names_its_run(path):
     """Each measured file under figures/ says where, with what and how it was measured; those
@@ -102,5 +129,7 @@ def test_every_recorded_json_names_its_run(path):
     assert isinstance(prov, dict), f"{path.name} has no provenance"
     for key in ("gpu", "torch", "triton", "date", "command"):
         assert prov.get(key), f"{path.name}: provenance lacks {key}"
+    if prov["date"] > "2026-11-25":  # records made since bench.provenance names the commit
+        assert prov.get("commit"), f"{path.name}: provenance lacks the commit that ran"
     if "latency" not in path.name:
         assert float(prov.get("copy_gbps", 0)) > 0, f"{path.name}: provenance lacks copy_gbps"
