@@ -355,7 +355,9 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
     if key.dtype != query.dtype:
         raise TypeError(f"key must have query's dtype ({query.dtype}), got {key.dtype}")
     if cos_sin_cache.dtype != torch.float32:
-        raise TypeError(f"cos_sin_cache must be float32, got {cos_sin_cache.dtype}")
+        raise TypeError(f"cos_sin_cache must be float32, got {cos_sin_cache.dtype} (FlashInfer's "
+                        "convention; a cache kept in the model's dtype, as vLLM keeps it, "
+                        "converts with cos_sin_cache.float())")
     if cos_sin_cache.dim() != 2:
         raise ValueError(f"cos_sin_cache must be 2-D [max_position, rotary_dim], got shape "
                          f"{tuple(cos_sin_cache.shape)}")
