@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import pathlib
@@ -168,10 +169,25 @@ def source_commit(root: Optional[pathlib.Path] = None) -> str:
     return commit + ("+changes" if changed else "")
 
 
+def source_digest(root: Optional[pathlib.Path] = None) -> str:
+    """SHA-256 (first 16 hex digits) of the code that ran: every ``rope_kernels/*.py`` and
+    ``scripts/*`` file under ``root`` (this package's checkout), path and content, in path
+    order. Unlike the commit it needs no git history (a copied tree may carry a stale one):
+    the same call at a checkout of the commit in question says whether that commit ran."""
+    root = pathlib.Path(__file__).resolve().parents[1] if root is None else root
+    digest = hashlib.sha256()
+    files = [*root.glob("rope_kernels/*.py"), *root.glob("scripts/*")]
+    for path in sorted(f for f in files if f.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def provenance(copy_gbps: float, mode: str) -> dict:
     return {
         "gpu": torch.cuda.get_device_name(),
         "commit": source_commit(),
+        "source_digest": source_digest(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,

@@ -120,6 +120,33 @@ def test_provenance_names_the_commit_that_ran(tmp_path):
     assert source_commit(tmp_path) == head[:12] + "+changes"
 
 
+def test_source_digest_follows_the_code_and_nothing_else(tmp_path):
+    """bench.source_digest: the same for the same kernel and script files, different when one
+    changes, is renamed or is added; other files do not count."""
+    from rope_kernels.bench import source_digest
+
+    (tmp_path / "rope_kernels").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "rope_kernels" / "rope_2d.py").write_text("BLOCK_H = 4\n")
+    (tmp_path / "scripts" / "run.sh").write_text("echo 1\n")
+    first = source_digest(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{16}", first)
+    (tmp_path / "README.md").write_text("prose\n")
+    (tmp_path / "rope_kernels" / "notes.txt").write_text("not code\n")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "rope_kernels" / "rope_2d.py").write_text("BLOCK_H = 8\n")
+    changed = source_digest(tmp_path)
+    (tmp_path / "rope_kernels" / "rope_2d.py").write_text("BLOCK_H = 4\n")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "rope_kernels" / "rope_2d.py").rename(tmp_path / "rope_kernels" / "rope_3d.py")
+    renamed = source_digest(tmp_path)
+    (tmp_path / "rope_kernels" / "rope_3d.py").rename(tmp_path / "rope_kernels" / "rope_2d.py")
+    (tmp_path / "scripts" / "extra.py").write_text("")
+    added = source_digest(tmp_path)
+    assert len({first, changed, renamed, added}) == 4
+    assert re.fullmatch(r"[0-9a-f]{16}", source_digest())  # this checkout
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "figures").glob("*.json")), ids=lambda p: p.name)
 def test_every_recorded_json_names_its_run(path):
     """Each measured file under figures/ says where, with what and how it was measured; those
@@ -129,7 +156,8 @@ def test_every_recorded_json_names_its_run(path):
     assert isinstance(prov, dict), f"{path.name} has no provenance"
     for key in ("gpu", "torch", "triton", "date", "command"):
         assert prov.get(key), f"{path.name}: provenance lacks {key}"
-    if prov["date"] > "2026-11-25":  # records made since bench.provenance names the commit
-        assert prov.get("commit"), f"{path.name}: provenance lacks the commit that ran"
+    if prov["date"] > "2026-11-25":  # records made since bench.provenance names the code
+        for key in ("commit", "source_digest"):
+            assert prov.get(key), f"{path.name}: provenance lacks {key}"
     if "latency" not in path.name:
         assert float(prov.get("copy_gbps", 0)) > 0, f"{path.name}: provenance lacks copy_gbps"
