@@ -154,7 +154,8 @@ def copy_same_bytes_gbps(moved: int) -> float:
 def source_commit(root: Optional[pathlib.Path] = None) -> str:
     """The git commit of the code that ran (12 hex digits; ``root``: this package's checkout),
     with ``+changes`` where tracked files differ from it; ``unknown`` outside a git checkout or
-    without git."""
+    without git. A copied tree whose history lags (the lent GPU machines' copies) reads as its
+    older commit ``+changes``: ``source_digest`` then says which code it was."""
     root = pathlib.Path(__file__).resolve().parents[1] if root is None else root
 
     def git(*args):
