@@ -157,6 +157,8 @@ def source_commit(root: Optional[pathlib.Path] = None) -> str:
     without git. A copied tree whose history lags (the lent GPU machines' copies) reads as its
     older commit ``+changes``: ``source_digest`` then says which code it was."""
     root = pathlib.Path(__file__).resolve().parents[1] if root is None else root
+    if not (root / ".git").exists():  # e.g. installed into site-packages: not this checkout's
+        return "unknown"
 
     def git(*args):
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,

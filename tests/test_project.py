@@ -105,7 +105,7 @@ def test_provenance_names_the_commit_that_ran(tmp_path):
 
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t",
-                               "-c", "user.email=t@example.org", *args],
+                               "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false", *args],
                               capture_output=True, text=True, check=True).stdout.strip()
 
     git("init", "-q")
@@ -118,6 +118,9 @@ def test_provenance_names_the_commit_that_ran(tmp_path):
     assert source_commit(tmp_path) == head[:12]
     (tmp_path / "kernel.py").write_text("x = 2\n")
     assert source_commit(tmp_path) == head[:12] + "+changes"
+    # A folder inside a checkout (a package installed into a venv there) is not that checkout.
+    (tmp_path / "site-packages").mkdir()
+    assert source_commit(tmp_path / "site-packages") == "unknown"
 
 
 def test_source_digest_follows_the_code_and_nothing_else(tmp_path):
