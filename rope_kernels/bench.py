@@ -42,7 +42,8 @@ import triton
 from .reference import RotaryPositionEmbedding, rope_reference
 from .rope_2d import rope_2d
 
-FIGURES = pathlib.Path(__file__).resolve().parents[1] / "figures"
+CHECKOUT = pathlib.Path(__file__).resolve().parents[1]  # the repository this package sits in
+FIGURES = CHECKOUT / "figures"
 DEFAULT = dict(seq_len=4096, batch=16, heads=32, head_dim=128, rotary_percent=1.0)
 COLUMNS = ["gpu", "impl", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads",
            "head_dim", "rotary_dim", "n_seqs", "sweep", "ms", "gbps", "copy_gbps", "timing",
@@ -156,7 +157,7 @@ def source_commit(root: Optional[pathlib.Path] = None) -> str:
     with ``+changes`` where tracked files differ from it; ``unknown`` outside a git checkout or
     without git. A copied tree whose history lags (the lent GPU machines' copies) reads as its
     older commit ``+changes``: ``source_digest`` then says which code it was."""
-    root = pathlib.Path(__file__).resolve().parents[1] if root is None else root
+    root = CHECKOUT if root is None else root
     if not (root / ".git").exists():  # e.g. installed into site-packages: not this checkout's
         return "unknown"
 
@@ -177,7 +178,7 @@ def source_digest(root: Optional[pathlib.Path] = None) -> str:
     ``scripts/*`` file under ``root`` (this package's checkout), path and content, in path
     order. Unlike the commit it needs no git history (a copied tree may carry a stale one):
     the same call at a checkout of the commit in question says whether that commit ran."""
-    root = pathlib.Path(__file__).resolve().parents[1] if root is None else root
+    root = CHECKOUT if root is None else root
     digest = hashlib.sha256()
     files = [*root.glob("rope_kernels/*.py"), *root.glob("scripts/*")]
     for path in sorted(f for f in files if f.is_file()):
