@@ -169,20 +169,40 @@ def _usable(compiled) -> bool:
                for name in ("run", "function", "packed_metadata"))
 
 
+# Triton versions whose CudaLauncher the direct call and the shortcuts' own launcher were
+# checked against on the GPU machine: 3.6 generates a C launch function per kernel signature;
+# 3.7 has one C launch function for every kernel, told how to parse the arguments (the kernel's
+# parameters are the same in both: its non-constexpr arguments in order, then the global and
+# profile scratch pointers).
+_DIRECT_TRITON = ("3.6.", "3.7.")
+
+
 def _direct(compiled):
-    """(C launch function, cooperative, pdl) when the compiled kernel's launcher is triton 3.6's
-    CudaLauncher with nothing of its own to do per call (no scratch memory to allocate, no tensor
-    descriptors to build), else None."""
+    """(C launch function, cooperative, pdl, parsing) when the compiled kernel's launcher is the
+    CudaLauncher of triton 3.6 or 3.7 with nothing of its own to do per call (no scratch memory
+    to allocate, no tensor descriptors to build), else None. ``parsing``: None on 3.6; on 3.7
+    the launcher's (argument annotations, kernel signature), which its C function takes."""
     launcher = compiled.run
     c_launch = getattr(launcher, "launch", None)
-    if (not triton.__version__.startswith("3.6.")
-            or type(launcher).__name__ != "CudaLauncher"
-            or getattr(c_launch, "__module__", None) != "__triton_launcher"
+    version = triton.__version__
+    if (type(launcher).__name__ != "CudaLauncher"
             or getattr(launcher, "global_scratch_size", 1) != 0
             or getattr(launcher, "profile_scratch_size", 1) != 0):
         return None
     try:
-        return c_launch, bool(launcher.launch_cooperative_grid), bool(launcher.launch_pdl)
+        if version.startswith("3.6."):
+            if getattr(c_launch, "__module__", None) != "__triton_launcher":
+                return None
+            parsing = None
+        elif version.startswith("3.7."):
+            # The driver module's own launch function: wrap_handle_tensordesc returns it
+            # unwrapped when the kernel takes no tensor descriptor.
+            if c_launch is not _DRIVERS.active.utils.launch:
+                return None
+            parsing = (launcher.arg_annotations, launcher.kernel_signature)
+        else:
+            return None
+        return c_launch, bool(launcher.launch_cooperative_grid), bool(launcher.launch_pdl), parsing
     except AttributeError:
         return None
 
@@ -226,9 +246,14 @@ def thin_launch(kernel, plan, pointers):
             try:
                 if direct is not None:
                     # CudaLauncher.__call__'s call, its scratch buffers None (none needed).
-                    c_launch, cooperative, pdl = direct
-                    c_launch(*plan.grid, stream, compiled.function, cooperative, pdl, None, None,
-                             compiled.packed_metadata, None, None, None, *ptrs, *tail)
+                    c_launch, cooperative, pdl, parsing = direct
+                    if parsing is None:  # triton 3.6
+                        c_launch(*plan.grid, stream, compiled.function, cooperative, pdl, None,
+                                 None, compiled.packed_metadata, None, None, None, *ptrs, *tail)
+                    else:  # triton 3.7
+                        c_launch(*plan.grid, stream, compiled.function, cooperative, pdl,
+                                 compiled.packed_metadata, None, None, None, None, None,
+                                 *parsing, (*ptrs, *tail))
                 else:
                     # The arguments JITFunction.run passes: no launch metadata, no hooks (checked).
                     compiled.run(*plan.grid, stream, compiled.function, compiled.packed_metadata,
@@ -335,7 +360,7 @@ class Shortcut:
                or out_device != torch.device("cuda", device)
                for p, (shape, stride, dtype, out_device) in zip(probes, self.outs)):
             return
-        compiled, _, (_, cooperative, pdl) = entry
+        compiled, _, (_, cooperative, pdl, _) = entry
         if cooperative or pdl:
             return
         own = _own_plan(compiled, self.plan, self.sources, self.tensors)
@@ -526,9 +551,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rope_kernels_launch"
 
 PyMODINIT_FUNC PyInit_rope_kernels_launch(void) { return PyModule_Create(&module); }
 """
-# Triton versions whose kernels' parameter lists _own_plan was checked against (3.6: the
-# kernel's non-constexpr arguments in order, then the global and profile scratch pointers).
-_OWN_LAUNCH_TRITON = ("3.6.",)
 _OWN_LAUNCHER = None  # the built module; False once building it failed
 # Bytes of each scalar parameter type, as Triton's launcher passes it (ty_to_cpp).
 _PARAM_BYTES = {"i1": 4, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
@@ -564,7 +586,7 @@ def _own_plan(compiled, plan, sources, tensors):
     pointers, null when the kernel needs no scratch memory (checked in ``_direct``). The
     driver's own list of the kernel's parameter sizes must agree, or there is no plan."""
     metadata = compiled.metadata
-    if (sys.byteorder != "little" or not triton.__version__.startswith(_OWN_LAUNCH_TRITON)
+    if (sys.byteorder != "little" or not triton.__version__.startswith(_DIRECT_TRITON)
             or getattr(metadata, "num_ctas", None) != 1 or len(plan.grid) != 3
             or not all(plan.grid)):  # (Triton launches nothing for an empty grid)
         return None

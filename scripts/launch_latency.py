@@ -106,11 +106,17 @@ def main(argv=None):
         lambda: compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
                              None, None, None, *ptrs, *tail))
     if direct is not None:
-        c_launch, cooperative, pdl = direct
+        c_launch, cooperative, pdl, parsing = direct
+        if parsing is None:  # triton 3.6: a C function generated for the kernel
+            c_call = lambda: c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl,  # noqa: E731
+                                      None, None, compiled.packed_metadata, None, None, None,
+                                      *ptrs, *tail)
+        else:  # triton 3.7: the driver's C function, told how to parse the arguments
+            c_call = lambda: c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl,  # noqa: E731
+                                      compiled.packed_metadata, None, None, None, None, None,
+                                      *parsing, (*ptrs, *tail))
         row("launch pieces: Triton's C launch function alone, arguments ready (what the thin "
-            "launch calls)", lambda: c_launch(g0, g1, g2, stream, compiled.function, cooperative,
-                                              pdl, None, None, compiled.packed_metadata, None,
-                                              None, None, *ptrs, *tail))
+            "launch calls)", c_call)
     else:
         print("(the compiled kernel's launcher is not the one the direct call was written for)")
     # The armed shortcuts' own launcher, given the call's tensors as a Shortcut gives them (t

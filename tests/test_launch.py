@@ -216,15 +216,17 @@ def test_thin_launch_falls_back_when_the_launcher_rejects_the_call(seed, monkeyp
 
 @gpu
 def test_direct_launch_on_the_triton_it_was_checked_on(seed, monkeypatch):
-    """On triton 3.6 the thin path calls the C launch function under CudaLauncher (the GPU
-    machine's version: this says whether that path is really taken); elsewhere it must not."""
+    """On triton 3.6 and 3.7 the thin path calls the C launch function under CudaLauncher (this
+    says whether that path is really taken on the version the GPU runs); elsewhere it must not."""
     triton = pytest.importorskip("triton")
     monkeypatch.setattr(_launch, "ENABLED", True)
     emb = RotaryPositionEmbedding(32, device=DEVICE)(8)
     t = randn((8, 2, 4, 32), torch.bfloat16, seed)
     plan, key, compiled = _confirmed_plan(t, emb)
     direct = plan.compiled[key][2]
-    assert (direct is not None) == triton.__version__.startswith("3.6.")
+    assert (direct is not None) == triton.__version__.startswith(_launch._DIRECT_TRITON)
+    if direct is not None:  # 3.6: a C function per kernel; 3.7: one, told how to parse
+        assert (direct[3] is None) == triton.__version__.startswith("3.6.")
     t2 = randn(t.shape, torch.bfloat16, seed + 1)
     assert_rope_close(rope_2d(t2, emb), rope_reference(t2.double(), emb), torch.bfloat16)
 
@@ -240,7 +242,9 @@ def test_direct_launch_falls_back_when_its_c_function_rejects_the_call(seed, mon
         raise TypeError(f"function takes exactly {len(args) + 1} arguments")
 
     compiled_entry, tail, _ = plan.compiled[key]
-    plan.compiled[key] = (compiled_entry, tail, (changed, False, False))
+    direct = plan.compiled[key][2]
+    parsing = direct[3] if direct is not None else None
+    plan.compiled[key] = (compiled_entry, tail, (changed, False, False, parsing))
     t2 = randn(t.shape, torch.bfloat16, seed + 1)
     with pytest.warns(RuntimeWarning, match="thin launch path off"):
         out = rope_2d(t2, emb)

@@ -524,7 +524,8 @@ def test_cache_and_hf_recent_signatures_refuse_other_calls(shortcuts, seed):
     assert len(_entries(shortcuts)) == 5  # cache out / in place / one k head, HF twice
 
 
-# --- The shortest path (GPU, triton 3.6): an armed shortcut calls Triton's C launch function ---
+# --- The shortest path (GPU, triton 3.6 and 3.7): an armed shortcut calls the package's own C
+# launcher ---
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="the shortest path launches compiled kernels only")
 
@@ -609,7 +610,8 @@ ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf", "qkv"]
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypatch):
     """The thin path confirms a kernel on its second dispatch, so a shortcut is armed by the end
-    of its second call on triton 3.6 (the launcher it was written for; elsewhere it never arms).
+    of its second call on triton 3.6 and 3.7 (the launchers it was checked against; elsewhere it
+    never arms).
     Later calls take the shortest path and still match the float64 reference on fresh values."""
     triton = pytest.importorskip("triton")
     monkeypatch.setattr(_launch, "ENABLED", True)
@@ -619,7 +621,7 @@ def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypa
         for out, expected in zip(run(), ref()):
             assert_rope_close(out, expected, torch.bfloat16, f"call {call}")
     (entry,) = _entries(shortcuts)
-    if not triton.__version__.startswith("3.6."):
+    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
         assert entry.ready is None
         return
     assert entry.ready is not None
@@ -639,8 +641,8 @@ def test_armed_shortcut_steps_aside(entry_point, shortcuts, seed, monkeypatch):
     a pointer that is not 16-byte aligned (Triton compiled the kernel for aligned ones), with
     SHORTEST off, and with a launch hook installed (which must then see the launch)."""
     triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.6."):
-        pytest.skip("the shortest path arms on triton 3.6 only")
+    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
+        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
     monkeypatch.setattr(_launch, "ENABLED", True)
     make = _calls(entry_point, seed)
     for call in range(3):
@@ -677,8 +679,8 @@ def test_armed_shortcut_steps_aside(entry_point, shortcuts, seed, monkeypatch):
 def test_armed_shortcut_falls_back_when_its_launcher_rejects_the_call(shortcuts, seed,
                                                                       monkeypatch):
     triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.6."):
-        pytest.skip("the shortest path arms on triton 3.6 only")
+    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
+        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
     monkeypatch.setattr(_launch, "ENABLED", True)
     make = _calls("te", seed)
     for call in range(3):
@@ -728,15 +730,15 @@ def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, 
 
 def _own_launch_or_skip(monkeypatch):
     triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith("3.6."):
-        pytest.skip("the shortest path arms on triton 3.6 only")
+    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
+        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
     monkeypatch.setattr(_launch, "ENABLED", True)
 
 
 @gpu
 def test_shortcut_not_armed_when_the_driver_reports_other_parameters(shortcuts, seed,
                                                                      monkeypatch):
-    """The own launcher's plan fixes the kernel's parameters as triton 3.6 passes them; arming
+    """The own launcher's plan fixes the kernel's parameters as triton 3.6/3.7 pass them; arming
     compares that list with the parameter sizes the CUDA driver reports for the kernel and does
     not arm on any difference."""
     _own_launch_or_skip(monkeypatch)
