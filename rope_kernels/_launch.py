@@ -19,10 +19,12 @@ to Triton's own dispatch:
   ``ValueError`` from it (raised while parsing arguments, before any launch) switches the thin
   path off for the process with a warning, and that call goes through the dispatch.
 
-On triton 3.6, where the compiled kernel's launcher is the Python wrapper this was written
-against (``CudaLauncher`` around a generated C function, no scratch memory, no tensor
-descriptors), the call goes one step further down, to that C function, with the arguments the
-wrapper would pass it. Any other version or launcher is called through ``CompiledKernel.run``.
+On triton 3.6 and 3.7, where the compiled kernel's launcher is the Python wrapper this was
+written against (``CudaLauncher`` around a C function: on 3.6 one generated per kernel signature,
+on 3.7 the driver module's one for every kernel, given the argument annotations and signature
+bytes it parses with; no scratch memory, no tensor descriptors), the call goes one step further
+down, to that C function, with the arguments the wrapper would pass it. Any other version or
+launcher is called through ``CompiledKernel.run``.
 
 ``RECORDING``: while it is a list, every launch appends ``(kernel, plan, pointers)`` to it. The
 public entry points use this to remember, per call signature, the one launch a call makes
@@ -32,8 +34,9 @@ launcher (``_LAUNCH_C``), which takes only the call's tensors and reads their ad
 kernel's other parameters are fixed in the plan, checked once against the parameter sizes the
 CUDA driver reports for the kernel.
 
-Checked with triton 3.6.0 on the GPU machine (CI runs triton 3.7.1 on a CPU, where kernels are
-interpreted and this path is never taken).
+Checked with triton 3.6.0 and 3.7.1 (the version torch 2.13's CUDA build pins) on the GPU
+machine, each with the whole test suite and TransformerEngine's; CI runs triton 3.7.1 on a CPU,
+where kernels are interpreted and this path is never taken.
 """
 
 from __future__ import annotations
@@ -289,7 +292,7 @@ class Shortcut:
     ``sources`` says which of those fills each pointer argument.
 
     Once the thin path has confirmed the kernel for the current device with every pointer
-    16-byte aligned, on triton 3.6, the shortcut *arms*: ``ready`` then holds a launch plan of
+    16-byte aligned, on triton 3.6 or 3.7, the shortcut *arms*: ``ready`` then holds a launch plan of
     this package's own C launcher (``_own_plan``: the kernel's parameters fixed once, checked
     against the parameter list the driver reports). A call takes that shortest path if nothing
     differs from when it was armed: no hook or debug mode, no recording, the same driver and
