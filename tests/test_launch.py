@@ -231,6 +231,50 @@ def test_direct_launch_on_the_triton_it_was_checked_on(seed, monkeypatch):
     assert_rope_close(rope_2d(t2, emb), rope_reference(t2.double(), emb), torch.bfloat16)
 
 
+@pytest.mark.parametrize("version,kind,direct", [
+    ("3.6.0", "generated", True), ("3.6.1", "driver", False),
+    ("3.7.1", "driver", True), ("3.7.0", "generated", False), ("3.7.1", "wrapped", False),
+    ("3.8.0", "driver", False), ("3.8.0", "generated", False), ("3.5.1", "generated", False)])
+def test_direct_call_only_on_the_launchers_it_was_checked_against(version, kind, direct,
+                                                                  monkeypatch):
+    """(CPU and GPU) The direct call, and with it the shortcuts' own launcher, applies to triton
+    3.6's generated C function and to 3.7's driver-module function; any other version, or a
+    launch function of the other kind (a tensor-descriptor wrapper on 3.7, say), gets None and
+    goes through CompiledKernel.run."""
+    import types
+
+    def driver_launch(*args):
+        raise AssertionError("not called")
+
+    def generated(*args):
+        raise AssertionError("not called")
+
+    generated.__module__ = "__triton_launcher"
+    drivers = types.SimpleNamespace(
+        active=types.SimpleNamespace(utils=types.SimpleNamespace(launch=driver_launch)))
+    monkeypatch.setattr(_launch, "_DRIVERS", drivers)
+    monkeypatch.setattr(_launch.triton, "__version__", version)
+
+    class CudaLauncher:  # the attributes _direct reads, as Triton's launcher has them
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+        arg_annotations, kernel_signature = ["annotation"], b"\x01"
+
+        def __init__(self):  # an instance attribute, as Triton sets it
+            self.launch = {"generated": generated, "driver": driver_launch,
+                           "wrapped": lambda *args: driver_launch(*args)}[kind]
+
+    launcher = CudaLauncher()
+    compiled = types.SimpleNamespace(run=launcher)
+    found = _launch._direct(compiled)
+    assert (found is not None) is direct
+    if direct:
+        parsing = None if version.startswith("3.6.") else (["annotation"], b"\x01")
+        assert found == (launcher.launch, False, True, parsing)
+        launcher.global_scratch_size = 64  # a kernel that needs scratch memory: not direct
+        assert _launch._direct(compiled) is None
+
+
 @gpu
 def test_direct_launch_falls_back_when_its_c_function_rejects_the_call(seed, monkeypatch):
     monkeypatch.setattr(_launch, "ENABLED", True)
