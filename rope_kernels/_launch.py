@@ -294,14 +294,14 @@ class Shortcut:
     ``sources`` says which of those fills each pointer argument.
 
     Once the thin path has confirmed the kernel for the current device with every pointer
-    16-byte aligned, on triton 3.6 or 3.7, the shortcut *arms*: ``ready`` then holds a launch plan of
-    this package's own C launcher (``_own_plan``: the kernel's parameters fixed once, checked
-    against the parameter list the driver reports). A call takes that shortest path if nothing
-    differs from when it was armed: no hook or debug mode, no recording, the same driver and
-    current device. It allocates its outputs through the caching allocator directly and hands
-    the call's tensors to the plan, which reads the distinct ones' addresses and launches unless
-    an address is not 16-byte aligned or another CUDA context is current. Anything else goes
-    through ``thin_launch``.
+    16-byte aligned, on triton 3.6 or 3.7, the shortcut *arms*: ``ready`` then holds a launch
+    plan of this package's own C launcher (``_own_plan``: the kernel's parameters fixed once,
+    checked against the parameter list the driver reports). A call takes that shortest path if
+    nothing differs from when it was armed: no hook or debug mode, no recording, the same driver
+    and current device. It allocates its outputs through the caching allocator directly and
+    hands the call's tensors to the plan, which reads the distinct ones' addresses and launches
+    unless an address is not 16-byte aligned or another CUDA context is current. Anything else
+    goes through ``thin_launch``.
     """
 
     __slots__ = ("kernel", "plan", "tensors", "used", "sources", "spread", "outs", "alloc",

@@ -108,13 +108,14 @@ def main(argv=None):
     if direct is not None:
         c_launch, cooperative, pdl, parsing = direct
         if parsing is None:  # triton 3.6: a C function generated for the kernel
-            c_call = lambda: c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl,  # noqa: E731
-                                      None, None, compiled.packed_metadata, None, None, None,
-                                      *ptrs, *tail)
+            def c_call():
+                c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl, None, None,
+                         compiled.packed_metadata, None, None, None, *ptrs, *tail)
         else:  # triton 3.7: the driver's C function, told how to parse the arguments
-            c_call = lambda: c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl,  # noqa: E731
-                                      compiled.packed_metadata, None, None, None, None, None,
-                                      *parsing, (*ptrs, *tail))
+            def c_call():
+                c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl,
+                         compiled.packed_metadata, None, None, None, None, None, *parsing,
+                         (*ptrs, *tail))
         row("launch pieces: Triton's C launch function alone, arguments ready (what the thin "
             "launch calls)", c_call)
     else:
