@@ -285,8 +285,7 @@ def test_direct_launch_falls_back_when_its_c_function_rejects_the_call(seed, mon
     def changed(*args):  # a C launch function that takes other arguments
         raise TypeError(f"function takes exactly {len(args) + 1} arguments")
 
-    compiled_entry, tail, _ = plan.compiled[key]
-    direct = plan.compiled[key][2]
+    compiled_entry, tail, direct = plan.compiled[key]
     parsing = direct[3] if direct is not None else None
     plan.compiled[key] = (compiled_entry, tail, (changed, False, False, parsing))
     t2 = randn(t.shape, torch.bfloat16, seed + 1)
