@@ -13,18 +13,19 @@ to Triton's own dispatch:
 - a compiled kernel is reused only after a second dispatch for the same (plan, device,
   alignments) returned the *same* kernel object (so nothing else went into Triton's choice);
 - nothing Triton's dispatch would do on the way is active: launch enter/exit hooks (profilers),
-  pre-run hooks, a stage-inspection hook, debug mode;
+  pre-run hooks, a stage-inspection hook, debug mode, a sanitizer (instrumentation mode, which
+  makes Triton compile another kernel);
 - the compiled kernel has the attributes the call uses (``run``, ``function``,
   ``packed_metadata``), and the launcher accepts the call: a ``TypeError``/``AttributeError``/
   ``ValueError`` from it (raised while parsing arguments, before any launch) switches the thin
   path off for the process with a warning, and that call goes through the dispatch.
 
-On triton 3.6 and 3.7, where the compiled kernel's launcher is the Python wrapper this was
+On triton 3.6 to 3.8, where the compiled kernel's launcher is the Python wrapper this was
 written against (``CudaLauncher`` around a C function: on 3.6 one generated per kernel signature,
-on 3.7 the driver module's one for every kernel, given the argument annotations and signature
-bytes it parses with; no scratch memory, no tensor descriptors), the call goes one step further
-down, to that C function, with the arguments the wrapper would pass it. Any other version or
-launcher is called through ``CompiledKernel.run``.
+on 3.7 and 3.8 the driver module's one for every kernel, given the argument annotations and
+signature bytes it parses with; no scratch memory, no tensor descriptors, no sanitizer), the call
+goes one step further down, to that C function, with the arguments the wrapper would pass it. Any
+other version or launcher is called through ``CompiledKernel.run``.
 
 ``RECORDING``: while it is a list, every launch appends ``(kernel, plan, pointers)`` to it. The
 public entry points use this to remember, per call signature, the one launch a call makes
@@ -34,11 +35,11 @@ launcher (``_LAUNCH_C``), which takes only the call's tensors and reads their ad
 kernel's other parameters are fixed in the plan, checked once against the parameter sizes the
 CUDA driver reports for the kernel.
 
-Checked with triton 3.6.0 and 3.7.1 (the version torch 2.13's CUDA build pins) on the GPU
+Checked with triton 3.6.0, 3.7.1 (the version torch 2.13's CUDA build pins) and 3.8.0 on the GPU
 machine, each with the whole test suite and TransformerEngine's; CI runs triton 3.7.1 on a CPU,
-where kernels are interpreted and this path is never taken. Triton 3.8.0 passed the same suites
-on the GPU through ``CompiledKernel.run`` (its launcher adds a sanitizer argument and asks its
-own driver for the current device: not checked against this module's assumptions yet).
+where kernels are interpreted and this path is never taken. (3.8's launcher is 3.7's plus a
+sanitizer's extra kernel argument, refused here; with torch imported its driver asks torch for
+the current device and stream, as 3.6's and 3.7's do.)
 """
 
 from __future__ import annotations
@@ -132,18 +133,20 @@ class _Pending:
 
 
 _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
+_COMPILATION = getattr(getattr(triton, "knobs", None), "compilation", None)
 
 
 def _dispatch_is_plain(kernel) -> bool:
     """True when Triton's dispatch would do nothing but pick and launch the kernel."""
     try:
         # Recent Triton (3.6 on): the launch hooks are HookChains, empty by default, and a
-        # JITFunction has ``debug`` and ``pre_run_hooks``. Attribute reads only: this runs on
-        # every launch.
+        # JITFunction has ``debug`` and ``pre_run_hooks``. A sanitizer (instrumentation mode)
+        # makes the dispatch pick another kernel. Attribute reads only: this runs on every
+        # launch.
         runtime = _RUNTIME
         return not (runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls
                     or runtime.debug or runtime.add_stages_inspection_hook is not None
-                    or kernel.debug or kernel.pre_run_hooks)
+                    or _COMPILATION.instrumentation_mode or kernel.debug or kernel.pre_run_hooks)
     except AttributeError:
         return _dispatch_is_plain_any(kernel)
 
@@ -158,7 +161,8 @@ def _dispatch_is_plain_any(kernel) -> bool:
     if ((enter is not None and getattr(enter, "calls", True))
             or (leave is not None and getattr(leave, "calls", True))
             or getattr(runtime, "add_stages_inspection_hook", None) is not None
-            or getattr(runtime, "debug", False)):
+            or getattr(runtime, "debug", False)
+            or getattr(_COMPILATION, "instrumentation_mode", "")):
         return False
     return kernel is None or not (getattr(kernel, "debug", False)
                                   or getattr(kernel, "pre_run_hooks", None))
@@ -176,30 +180,33 @@ def _usable(compiled) -> bool:
 
 # Triton versions whose CudaLauncher the direct call and the shortcuts' own launcher were
 # checked against on the GPU machine: 3.6 generates a C launch function per kernel signature;
-# 3.7 has one C launch function for every kernel, told how to parse the arguments (the kernel's
-# parameters are the same in both: its non-constexpr arguments in order, then the global and
-# profile scratch pointers).
-_DIRECT_TRITON = ("3.6.", "3.7.")
+# 3.7 and 3.8 have one C launch function for every kernel, told how to parse the arguments (the
+# kernel's parameters are the same in all three: its non-constexpr arguments in order, then the
+# global and profile scratch pointers; 3.8 appends a sanitizer's state pointer when gsan is on).
+_DIRECT_TRITON = ("3.6.", "3.7.", "3.8.")
 
 
 def _direct(compiled):
     """(C launch function, cooperative, pdl, parsing) when the compiled kernel's launcher is the
-    CudaLauncher of triton 3.6 or 3.7 with nothing of its own to do per call (no scratch memory
-    to allocate, no tensor descriptors to build), else None. ``parsing``: None on 3.6; on 3.7
-    the launcher's (argument annotations, kernel signature), which its C function takes."""
+    CudaLauncher of triton 3.6, 3.7 or 3.8 with nothing of its own to do per call (no scratch
+    memory to allocate, no tensor descriptors to build, no sanitizer state to pass), else None.
+    ``parsing``: None on 3.6; on 3.7 and 3.8 the launcher's (argument annotations, kernel
+    signature), which its C function takes."""
     launcher = compiled.run
     c_launch = getattr(launcher, "launch", None)
     version = triton.__version__
     if (type(launcher).__name__ != "CudaLauncher"
             or getattr(launcher, "global_scratch_size", 1) != 0
-            or getattr(launcher, "profile_scratch_size", 1) != 0):
+            or getattr(launcher, "profile_scratch_size", 1) != 0
+            or getattr(launcher, "gsan_enabled", False)
+            or getattr(getattr(compiled, "metadata", None), "instrumentation_mode", "")):
         return None
     try:
         if version.startswith("3.6."):
             if getattr(c_launch, "__module__", None) != "__triton_launcher":
                 return None
             parsing = None
-        elif version.startswith("3.7."):
+        elif version.startswith(("3.7.", "3.8.")):
             # The driver module's own launch function: wrap_handle_tensordesc returns it
             # unwrapped when the kernel takes no tensor descriptor.
             if c_launch is not _DRIVERS.active.utils.launch:
@@ -255,7 +262,7 @@ def thin_launch(kernel, plan, pointers):
                     if parsing is None:  # triton 3.6
                         c_launch(*plan.grid, stream, compiled.function, cooperative, pdl, None,
                                  None, compiled.packed_metadata, None, None, None, *ptrs, *tail)
-                    else:  # triton 3.7
+                    else:  # triton 3.7 and 3.8
                         c_launch(*plan.grid, stream, compiled.function, cooperative, pdl,
                                  compiled.packed_metadata, None, None, None, None, None,
                                  *parsing, (*ptrs, *tail))
@@ -294,7 +301,7 @@ class Shortcut:
     ``sources`` says which of those fills each pointer argument.
 
     Once the thin path has confirmed the kernel for the current device with every pointer
-    16-byte aligned, on triton 3.6 or 3.7, the shortcut *arms*: ``ready`` then holds a launch
+    16-byte aligned, on triton 3.6 to 3.8, the shortcut *arms*: ``ready`` then holds a launch
     plan of this package's own C launcher (``_own_plan``: the kernel's parameters fixed once,
     checked against the parameter list the driver reports). A call takes that shortest path if
     nothing differs from when it was armed: no hook or debug mode, no recording, the same driver
