@@ -634,16 +634,22 @@ def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypa
     assert len(launches) == 3
 
 
+def _own_launch_or_skip(monkeypatch):
+    """Skip where the shortest path never arms; else switch the thin path on. Returns triton."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
+        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    return triton
+
+
 @gpu
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_armed_shortcut_steps_aside(entry_point, shortcuts, seed, monkeypatch):
     """An armed shortcut hands the call to thin_launch (right results, no C call of its own) for
     a pointer that is not 16-byte aligned (Triton compiled the kernel for aligned ones), with
     SHORTEST off, and with a launch hook installed (which must then see the launch)."""
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
-        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    triton = _own_launch_or_skip(monkeypatch)
     make = _calls(entry_point, seed)
     for call in range(3):
         make(call)[0]()
@@ -678,10 +684,7 @@ def test_armed_shortcut_steps_aside(entry_point, shortcuts, seed, monkeypatch):
 @gpu
 def test_armed_shortcut_falls_back_when_its_launcher_rejects_the_call(shortcuts, seed,
                                                                       monkeypatch):
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
-        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
-    monkeypatch.setattr(_launch, "ENABLED", True)
+    _own_launch_or_skip(monkeypatch)
     make = _calls("te", seed)
     for call in range(3):
         make(call)[0]()
@@ -726,13 +729,6 @@ def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, 
 
     monkeypatch.setattr(_launch, "_EMPTY_STRIDED_CUDA", broken)
     _assert_right_but_not_armed(shortcuts, seed)
-
-
-def _own_launch_or_skip(monkeypatch):
-    triton = pytest.importorskip("triton")
-    if not triton.__version__.startswith(_launch._DIRECT_TRITON):
-        pytest.skip(f"the shortest path arms on triton {_launch._DIRECT_TRITON} only")
-    monkeypatch.setattr(_launch, "ENABLED", True)
 
 
 @gpu
