@@ -20,9 +20,9 @@ to Triton's own dispatch:
   ``ValueError`` from it (raised while parsing arguments, before any launch) switches the thin
   path off for the process with a warning, and that call goes through the dispatch.
 
-On triton 3.6 to 3.8, where the compiled kernel's launcher is the Python wrapper this was
+On triton 3.6 to 3.9, where the compiled kernel's launcher is the Python wrapper this was
 written against (``CudaLauncher`` around a C function: on 3.6 one generated per kernel signature,
-on 3.7 and 3.8 the driver module's one for every kernel, given the argument annotations and
+on 3.7 to 3.9 the driver module's one for every kernel, given the argument annotations and
 signature bytes it parses with; no scratch memory, no tensor descriptors, no sanitizer), the call
 goes one step further down, to that C function, with the arguments the wrapper would pass it. Any
 other version or launcher is called through ``CompiledKernel.run``.
@@ -35,11 +35,11 @@ launcher (``_LAUNCH_C``), which takes only the call's tensors and reads their ad
 kernel's other parameters are fixed in the plan, checked once against the parameter sizes the
 CUDA driver reports for the kernel.
 
-Checked with triton 3.6.0, 3.7.1 (the version torch 2.13's CUDA build pins) and 3.8.0 on the GPU
-machine, each with the whole test suite and TransformerEngine's; CI runs triton 3.7.1 on a CPU,
-where kernels are interpreted and this path is never taken. (3.8's launcher is 3.7's plus a
-sanitizer's extra kernel argument, refused here; with torch imported its driver asks torch for
-the current device and stream, as 3.6's and 3.7's do.)
+Checked with triton 3.6.0, 3.7.1 (the version torch 2.13's CUDA build pins), 3.8.0 and 3.9.0 on
+the GPU machine; CI runs triton 3.7.1 on a CPU, where kernels are interpreted and this path is
+never taken. (3.8's launcher is 3.7's plus a sanitizer's extra kernel arguments, refused here,
+and 3.9's is 3.8's with one more of them; with torch imported their driver asks torch for the
+current device and stream, as 3.6's and 3.7's do.)
 """
 
 from __future__ import annotations
@@ -180,17 +180,17 @@ def _usable(compiled) -> bool:
 
 # Triton versions whose CudaLauncher the direct call and the shortcuts' own launcher were
 # checked against on the GPU machine: 3.6 generates a C launch function per kernel signature;
-# 3.7 and 3.8 have one C launch function for every kernel, told how to parse the arguments (the
-# kernel's parameters are the same in all three: its non-constexpr arguments in order, then the
-# global and profile scratch pointers; 3.8 appends a sanitizer's state pointer when gsan is on).
-_DIRECT_TRITON = ("3.6.", "3.7.", "3.8.")
+# 3.7 to 3.9 have one C launch function for every kernel, told how to parse the arguments (the
+# kernel's parameters are the same in all four: its non-constexpr arguments in order, then the
+# global and profile scratch pointers; 3.8 and 3.9 append a sanitizer's state when gsan is on).
+_DIRECT_TRITON = ("3.6.", "3.7.", "3.8.", "3.9.")
 
 
 def _direct(compiled):
     """(C launch function, cooperative, pdl, parsing) when the compiled kernel's launcher is the
-    CudaLauncher of triton 3.6, 3.7 or 3.8 with nothing of its own to do per call (no scratch
+    CudaLauncher of triton 3.6 to 3.9 with nothing of its own to do per call (no scratch
     memory to allocate, no tensor descriptors to build, no sanitizer state to pass), else None.
-    ``parsing``: None on 3.6; on 3.7 and 3.8 the launcher's (argument annotations, kernel
+    ``parsing``: None on 3.6; on 3.7 to 3.9 the launcher's (argument annotations, kernel
     signature), which its C function takes."""
     launcher = compiled.run
     c_launch = getattr(launcher, "launch", None)
@@ -206,7 +206,7 @@ def _direct(compiled):
             if getattr(c_launch, "__module__", None) != "__triton_launcher":
                 return None
             parsing = None
-        elif version.startswith(("3.7.", "3.8.")):
+        elif version.startswith(("3.7.", "3.8.", "3.9.")):
             # The driver module's own launch function: wrap_handle_tensordesc returns it
             # unwrapped when the kernel takes no tensor descriptor.
             if c_launch is not _DRIVERS.active.utils.launch:
@@ -262,7 +262,7 @@ def thin_launch(kernel, plan, pointers):
                     if parsing is None:  # triton 3.6
                         c_launch(*plan.grid, stream, compiled.function, cooperative, pdl, None,
                                  None, compiled.packed_metadata, None, None, None, *ptrs, *tail)
-                    else:  # triton 3.7 and 3.8
+                    else:  # triton 3.7 to 3.9
                         c_launch(*plan.grid, stream, compiled.function, cooperative, pdl,
                                  compiled.packed_metadata, None, None, None, None, None,
                                  *parsing, (*ptrs, *tail))
@@ -301,7 +301,7 @@ class Shortcut:
     ``sources`` says which of those fills each pointer argument.
 
     Once the thin path has confirmed the kernel for the current device with every pointer
-    16-byte aligned, on triton 3.6 to 3.8, the shortcut *arms*: ``ready`` then holds a launch
+    16-byte aligned, on triton 3.6 to 3.9, the shortcut *arms*: ``ready`` then holds a launch
     plan of this package's own C launcher (``_own_plan``: the kernel's parameters fixed once,
     checked against the parameter list the driver reports). A call takes that shortest path if
     nothing differs from when it was armed: no hook or debug mode, no recording, the same driver

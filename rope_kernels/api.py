@@ -21,7 +21,7 @@ Repeated eager calls take a shortcut (``_Shortcuts``): the first call of a signa
 whole path above and its one kernel launch is remembered; later calls with the same signature
 (shapes, strides, dtypes, devices, flags, the input's address modulo 16 where it matters) skip
 the checks already passed and the launcher's planning, and go from their arguments to the
-launch (``_launch.Shortcut``; on triton 3.6 to 3.8, from the third call, through a launch plan
+launch (``_launch.Shortcut``; on triton 3.6 to 3.9, from the third call, through a launch plan
 of the package's own C launcher). The shortcut is not taken where the full path does more than
 one launch: autograd, torch.compile, value checks (``validate=True`` with ``start_positions`` or
 ``cu_seqlens``).

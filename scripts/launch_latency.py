@@ -111,7 +111,7 @@ def main(argv=None):
             def c_call():
                 c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl, None, None,
                          compiled.packed_metadata, None, None, None, *ptrs, *tail)
-        else:  # triton 3.7 and 3.8: the driver's C function, told how to parse the arguments
+        else:  # triton 3.7 to 3.9: the driver's C function, told how to parse the arguments
             def c_call():
                 c_launch(g0, g1, g2, stream, compiled.function, cooperative, pdl,
                          compiled.packed_metadata, None, None, None, None, None, *parsing,

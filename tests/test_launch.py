@@ -183,8 +183,8 @@ def test_dispatch_is_plain_reads_every_hook(runtime, kernel, plain, monkeypatch)
 @pytest.mark.parametrize("hooks", ["chains", "none"])
 def test_dispatch_is_plain_steps_aside_for_a_sanitizer(mode, plain, hooks, monkeypatch):
     """A sanitizer (``triton.knobs.compilation.instrumentation_mode``) is part of the key Triton
-    picks a kernel by: with one on, its dispatch compiles an instrumented kernel (on 3.8 with gsan,
-    one that takes an extra argument), so the thin path must not launch the plain one it kept.
+    picks a kernel by: with one on, its dispatch compiles an instrumented kernel (on 3.8 and 3.9
+    with gsan, one that takes extra arguments), so the thin path must not launch the plain one it kept.
     Both the attribute-read path (hooks as HookChains) and the general one (hooks None)."""
     runtime = _Runtime(_Chain(), _Chain()) if hooks == "chains" else _Runtime()
     monkeypatch.setattr(_launch, "_RUNTIME", runtime)
@@ -240,7 +240,7 @@ def test_thin_launch_falls_back_when_the_launcher_rejects_the_call(seed, monkeyp
 
 @gpu
 def test_direct_launch_on_the_triton_it_was_checked_on(seed, monkeypatch):
-    """On triton 3.6 to 3.8 the thin path calls the C launch function under CudaLauncher (this
+    """On triton 3.6 to 3.9 the thin path calls the C launch function under CudaLauncher (this
     says whether that path is really taken on the version the GPU runs); elsewhere it must not."""
     triton = pytest.importorskip("triton")
     monkeypatch.setattr(_launch, "ENABLED", True)
@@ -249,7 +249,7 @@ def test_direct_launch_on_the_triton_it_was_checked_on(seed, monkeypatch):
     plan, key, compiled = _confirmed_plan(t, emb)
     direct = plan.compiled[key][2]
     assert (direct is not None) == triton.__version__.startswith(_launch._DIRECT_TRITON)
-    if direct is not None:  # 3.6: a C function per kernel; 3.7, 3.8: one, told how to parse
+    if direct is not None:  # 3.6: a C function per kernel; 3.7 to 3.9: one, told how to parse
         assert (direct[3] is None) == triton.__version__.startswith("3.6.")
     t2 = randn(t.shape, torch.bfloat16, seed + 1)
     assert_rope_close(rope_2d(t2, emb), rope_reference(t2.double(), emb), torch.bfloat16)
@@ -259,11 +259,12 @@ def test_direct_launch_on_the_triton_it_was_checked_on(seed, monkeypatch):
     ("3.6.0", "generated", True), ("3.6.1", "driver", False),
     ("3.7.1", "driver", True), ("3.7.0", "generated", False), ("3.7.1", "wrapped", False),
     ("3.8.0", "driver", True), ("3.8.0", "generated", False), ("3.8.0", "wrapped", False),
-    ("3.9.0", "driver", False), ("3.5.1", "generated", False)])
+    ("3.9.0", "driver", True), ("3.9.0", "wrapped", False),
+    ("3.10.0", "driver", False), ("3.5.1", "generated", False)])
 def test_direct_call_only_on_the_launchers_it_was_checked_against(version, kind, direct,
                                                                   monkeypatch):
     """(CPU and GPU) The direct call, and with it the shortcuts' own launcher, applies to triton
-    3.6's generated C function and to 3.7's and 3.8's driver-module function; any other version,
+    3.6's generated C function and to the driver-module function of 3.7 to 3.9; any other version,
     a launch function of the other kind (a tensor-descriptor wrapper on 3.7, say), or a kernel
     that needs scratch memory or was built with a sanitizer gets None and goes through
     CompiledKernel.run."""
@@ -297,7 +298,7 @@ def test_direct_call_only_on_the_launchers_it_was_checked_against(version, kind,
     if direct:
         parsing = None if version.startswith("3.6.") else (["annotation"], b"\x01")
         assert found == (launcher.launch, False, True, parsing)
-        # 3.8's launcher with gsan on appends the sanitizer's state pointer to the arguments.
+        # 3.8's and 3.9's launchers with gsan on append the sanitizer's state to the arguments.
         launcher.gsan_enabled = True
         assert _launch._direct(compiled) is None
         launcher.gsan_enabled = False

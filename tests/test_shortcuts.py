@@ -524,7 +524,7 @@ def test_cache_and_hf_recent_signatures_refuse_other_calls(shortcuts, seed):
     assert len(_entries(shortcuts)) == 5  # cache out / in place / one k head, HF twice
 
 
-# --- The shortest path (GPU, triton 3.6 to 3.8): an armed shortcut calls the package's own C
+# --- The shortest path (GPU, triton 3.6 to 3.9): an armed shortcut calls the package's own C
 # launcher ---
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="the shortest path launches compiled kernels only")
@@ -610,7 +610,7 @@ ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf", "qkv"]
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_armed_shortcut_matches_reference(entry_point, shortcuts, seed, monkeypatch):
     """The thin path confirms a kernel on its second dispatch, so a shortcut is armed by the end
-    of its second call on triton 3.6 to 3.8 (the launchers it was checked against; elsewhere it
+    of its second call on triton 3.6 to 3.9 (the launchers it was checked against; elsewhere it
     never arms).
     Later calls take the shortest path and still match the float64 reference on fresh values."""
     triton = pytest.importorskip("triton")
@@ -734,7 +734,7 @@ def test_shortcut_not_armed_when_the_allocation_breaks_its_contract(allocation, 
 @gpu
 def test_shortcut_not_armed_when_the_driver_reports_other_parameters(shortcuts, seed,
                                                                      monkeypatch):
-    """The own launcher's plan fixes the kernel's parameters as triton 3.6-3.8 pass them; arming
+    """The own launcher's plan fixes the kernel's parameters as triton 3.6-3.9 pass them; arming
     compares that list with the parameter sizes the CUDA driver reports for the kernel and does
     not arm on any difference."""
     _own_launch_or_skip(monkeypatch)
