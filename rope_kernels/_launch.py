@@ -206,7 +206,7 @@ def _direct(compiled):
             if getattr(c_launch, "__module__", None) != "__triton_launcher":
                 return None
             parsing = None
-        elif version.startswith(("3.7.", "3.8.", "3.9.")):
+        elif version.startswith(_DIRECT_TRITON):  # 3.7 on
             # The driver module's own launch function: wrap_handle_tensordesc returns it
             # unwrapped when the kernel takes no tensor descriptor.
             if c_launch is not _DRIVERS.active.utils.launch:
