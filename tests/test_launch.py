@@ -185,8 +185,7 @@ def test_dispatch_is_plain_steps_aside_for_a_sanitizer(mode, plain, hooks, monke
     """A sanitizer (``triton.knobs.compilation.instrumentation_mode``) is part of the key Triton
     picks a kernel by: with one on, its dispatch compiles an instrumented kernel (on 3.8 and 3.9
     with gsan, one that takes extra arguments), so the thin path must not launch the plain one it
-    kept.
-    Both the attribute-read path (hooks as HookChains) and the general one (hooks None)."""
+    kept. Both the attribute-read path (hooks as HookChains) and the general one (hooks None)."""
     runtime = _Runtime(_Chain(), _Chain()) if hooks == "chains" else _Runtime()
     monkeypatch.setattr(_launch, "_RUNTIME", runtime)
     monkeypatch.setattr(_launch, "_COMPILATION", types.SimpleNamespace(instrumentation_mode=mode))
