@@ -97,44 +97,112 @@ def _table_row(ptrs, mask):
 @triton.jit
 def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-            FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
+            FAST_TRIG: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr,
+            ROW: tl.constexpr):
     """cos/sin of both channels of each pair, [BLOCK_S, HALF] each, for the tokens whose rows
     start at ``t_row`` [BLOCK_S] in the angle table (or in cos and sin): shared by every head.
-    The table's entries are read through ``_table_row`` (kept in L2: see there)."""
-    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
-    sj_mask = s_mask[:, None] & j_mask[None, :]
-    row = t_row[:, None]
-    if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
-        cos1 = _table_row(table_ptr + row + j[None, :] * t_stride_d, sj_mask)
-        sin1 = _table_row(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d, sj_mask)
-        cos1 = cos1.to(tl.float32)
-        sin1 = sin1.to(tl.float32)
+    The table's entries are read through ``_table_row`` (kept in L2: see there). With ``ROW``
+    (whole rows, ``_angles_row``): that function's cos and signed sin, each returned twice."""
+    if ROW > 0:
+        cos1, sin1 = _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
+                                 ANGLES, BACKWARD, FAST_TRIG, INT64, ROW)
         cos2 = cos1
         sin2 = sin1
-    elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
-        cos1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
-        cos2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
-        sin1 = _table_row(sin_ptr + row + c1[None, :] * t_stride_d, sj_mask)
-        sin2 = _table_row(sin_ptr + row + c2[None, :] * t_stride_d, sj_mask)
-        cos1 = cos1.to(tl.float32)
-        cos2 = cos2.to(tl.float32)
-        sin1 = sin1.to(tl.float32)
-        sin2 = sin2.to(tl.float32)
-    else:  # angles: every channel its own table entry, as TransformerEngine's formula
-        f1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
-        f2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
-        if FAST_TRIG:
-            cos1, sin1 = _fast_sincos(f1)
-            cos2, sin2 = _fast_sincos(f2)
-        else:
-            cos1 = tl.cos(f1)
-            sin1 = tl.sin(f1)
-            cos2 = tl.cos(f2)
-            sin2 = tl.sin(f2)
-    if BACKWARD:
-        # The transpose of [[cos1, -sin1], [sin2, cos2]]: sin negated, the channels' sines swapped.
-        sin1, sin2 = -sin2, -sin1
+    else:
+        j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
+        sj_mask = s_mask[:, None] & j_mask[None, :]
+        row = t_row[:, None]
+        if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
+            cos1 = _table_row(table_ptr + row + j[None, :] * t_stride_d, sj_mask)
+            sin1 = _table_row(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d,
+                              sj_mask)
+            cos1 = cos1.to(tl.float32)
+            sin1 = sin1.to(tl.float32)
+            cos2 = cos1
+            sin2 = sin1
+        elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
+            cos1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
+            cos2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
+            sin1 = _table_row(sin_ptr + row + c1[None, :] * t_stride_d, sj_mask)
+            sin2 = _table_row(sin_ptr + row + c2[None, :] * t_stride_d, sj_mask)
+            cos1 = cos1.to(tl.float32)
+            cos2 = cos2.to(tl.float32)
+            sin1 = sin1.to(tl.float32)
+            sin2 = sin2.to(tl.float32)
+        else:  # angles: every channel its own table entry, as TransformerEngine's formula
+            f1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
+            f2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
+            if FAST_TRIG:
+                cos1, sin1 = _fast_sincos(f1)
+                cos2, sin2 = _fast_sincos(f2)
+            else:
+                cos1 = tl.cos(f1)
+                sin1 = tl.sin(f1)
+                cos2 = tl.cos(f2)
+                sin2 = tl.sin(f2)
+        if BACKWARD:
+            # The transpose of [[cos1, -sin1], [sin2, cos2]]: sin negated, the channels' sines
+            # swapped.
+            sin1, sin2 = -sin2, -sin1
     return cos1, sin1, cos2, sin2
+
+
+@triton.jit
+def _row_partner(rotary_dim, INT64: tl.constexpr, ROW: tl.constexpr):
+    """Channels c [ROW] of a whole row, the channel each is paired with (half-split: c + d2/2
+    in the first half of the rotary channels, c - d2/2 in the second; itself past them), and
+    whether c is rotated."""
+    c = tl.arange(0, ROW)
+    half = rotary_dim // 2
+    rotated = c < rotary_dim
+    partner = tl.where(c < half, c + half, tl.where(rotated, c - half, c))
+    if INT64:
+        c = c.to(tl.int64)
+        partner = partner.to(tl.int64)
+    return c, partner, rotated
+
+
+@triton.jit
+def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
+                ANGLES: tl.constexpr, BACKWARD: tl.constexpr, FAST_TRIG: tl.constexpr,
+                INT64: tl.constexpr, ROW: tl.constexpr):
+    """Half-split RoPE of whole rows as ``y[c] = x[c] * cos[c] + x[partner(c)] * sin[c]``: the
+    cos [BLOCK_S, ROW] and signed sin of every channel (-sin in the first half of the rotary
+    channels, +sin in the second, cos 1 and sin 0 past them). The backward is the transpose:
+    the partner's term takes the partner's sine, with the other sign."""
+    c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
+    half = rotary_dim // 2
+    first = c < half
+    row = t_row[:, None]
+    mask = s_mask[:, None] & rotated[None, :]
+    s_ch = partner if BACKWARD else c  # the channel whose sine multiplies x[partner(c)]
+    if ANGLES == 1:  # cos_sin_cache rows: pair j's cos at j, its sin at d2/2 + j
+        j = tl.where(first, c, c - half)
+        cos = _table_row(table_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
+        sin = _table_row(table_ptr + row + (half + j)[None, :] * t_stride_d,
+                         mask).to(tl.float32)  # (a pair's two channels share it)
+    elif ANGLES == 2:
+        cos = _table_row(table_ptr + row + c[None, :] * t_stride_d, mask).to(tl.float32)
+        sin = _table_row(sin_ptr + row + s_ch[None, :] * t_stride_d, mask).to(tl.float32)
+    else:
+        f = _table_row(table_ptr + row + c[None, :] * t_stride_d, mask)
+        if BACKWARD:
+            f_sin = _table_row(table_ptr + row + partner[None, :] * t_stride_d, mask)
+        else:
+            f_sin = f
+        if FAST_TRIG:
+            cos, sin = _fast_sincos(f)
+            if BACKWARD:
+                _, sin = _fast_sincos(f_sin)
+        else:
+            cos = tl.cos(f)
+            sin = tl.sin(f_sin)
+    sign = tl.where(first, -1.0, 1.0)
+    if BACKWARD:
+        sign = -sign
+    cos = tl.where(rotated[None, :], cos, 1.0)
+    sin = tl.where(rotated[None, :], sign[None, :] * sin, 0.0)
+    return cos, sin
 
 
 @triton.jit
@@ -159,31 +227,41 @@ def _load_tile(
     x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     x_s, x_b, x_g, x_u, x_d,
     INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr,
 ):
     """Issue the loads of a tile of BLOCK_S tokens x BLOCK_H heads of one part: the pairs' two
     channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice) and the channels past
-    rotary_dim (xp; with PASS 0, a stand-in that is never used)."""
+    rotary_dim (xp; with PASS 0, a stand-in that is never used). With ``ROW`` (half-split
+    pairs): whole rows [..., ROW] (x1), and each channel's partner (x2: the same lines again,
+    from L1)."""
     x_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
                                  INT64, BLOCK_H)
-    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
-    mask = row_mask & j_mask[None, None, :]
-    if INTERLEAVED:
-        # Each row as [..., HALF, 2] (one wide load), split into the pairs' channels later.
-        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
-        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
-        x1 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
-        x2 = x1
+    if ROW > 0:
+        c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
+        x1 = tl.load(x_ptr + x_row + c[None, None, :] * x_d,
+                     mask=row_mask & (c < head_dim)[None, None, :])
+        x2 = tl.load(x_ptr + x_row + partner[None, None, :] * x_d,
+                     mask=row_mask & rotated[None, None, :], other=0.0)
+        xp = x1
     else:
-        x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
-        x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
-    xp = x1
-    if PASS > 0:
-        p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
-        if INT64:
-            p = p.to(tl.int64)
-        p_mask = row_mask & (p < head_dim)[None, None, :]
-        xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
+        j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
+        mask = row_mask & j_mask[None, None, :]
+        if INTERLEAVED:
+            # Each row as [..., HALF, 2] (one wide load), split into the pairs' channels later.
+            c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
+            mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+            x1 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
+            x2 = x1
+        else:
+            x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
+            x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
+        xp = x1
+        if PASS > 0:
+            p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
+            if INT64:
+                p = p.to(tl.int64)
+            p_mask = row_mask & (p < head_dim)[None, None, :]
+            xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
     return x1, x2, xp
 
 
@@ -193,37 +271,45 @@ def _store_tile(
     s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     o_s, o_b, o_g, o_u, o_d,
     INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr,
 ):
     """Rotate a tile loaded by ``_load_tile`` by its tokens' cos/sin [BLOCK_S, HALF] and store it
-    (the channels past rotary_dim copied)."""
+    (the channels past rotary_dim copied). With ``ROW``: whole rows, one store."""
     o_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, o_s, o_b, o_g, o_u,
                                  INT64, BLOCK_H)
-    j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
-    mask = row_mask & j_mask[None, None, :]
-    if INTERLEAVED:
-        x1, x2 = tl.split(x1.to(tl.float32))
-    else:
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
-    y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-    if INTERLEAVED:
-        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]
-        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
-        y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + o_row[:, :, :, None] + c12 * o_d, y12, mask=mask12)
-    else:
-        tl.store(out_ptr + o_row + c1[None, None, :] * o_d, y1.to(out_ptr.dtype.element_ty),
-                 mask=mask)
-        tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
-                 mask=mask)
-    if PASS > 0:
-        p = rotary_dim + tl.arange(0, PASS)
+    if ROW > 0:
+        c = tl.arange(0, ROW)
         if INT64:
-            p = p.to(tl.int64)
-        tl.store(out_ptr + o_row + p[None, None, :] * o_d, xp,
-                 mask=row_mask & (p < head_dim)[None, None, :])
+            c = c.to(tl.int64)
+        y = x1.to(tl.float32) * cos1[:, None, :] + x2.to(tl.float32) * sin1[:, None, :]
+        tl.store(out_ptr + o_row + c[None, None, :] * o_d, y.to(out_ptr.dtype.element_ty),
+                 mask=row_mask & (c < head_dim)[None, None, :])
+    else:
+        j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
+        mask = row_mask & j_mask[None, None, :]
+        if INTERLEAVED:
+            x1, x2 = tl.split(x1.to(tl.float32))
+        else:
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
+        y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
+        y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+        if INTERLEAVED:
+            c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]
+            mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
+            y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + o_row[:, :, :, None] + c12 * o_d, y12, mask=mask12)
+        else:
+            tl.store(out_ptr + o_row + c1[None, None, :] * o_d, y1.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
+                     mask=mask)
+        if PASS > 0:
+            p = rotary_dim + tl.arange(0, PASS)
+            if INT64:
+                p = p.to(tl.int64)
+            tl.store(out_ptr + o_row + p[None, None, :] * o_d, xp,
+                     mask=row_mask & (p < head_dim)[None, None, :])
 
 
 @triton.jit
@@ -233,21 +319,21 @@ def _rotate_tile(
     x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d, t_stride_d,
     ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr, INT64: tl.constexpr, ANGLES_HERE: tl.constexpr,
-    BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr,
+    BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr, ROW: tl.constexpr,
 ):
     """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin: given
     (``_angles``, computed once for several tiles), or with ``ANGLES_HERE`` computed here, after
     x's loads are issued so that the angle loads and the trig overlap their latency."""
     x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
                             head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
-                            PASS)
+                            PASS, ROW)
     if ANGLES_HERE:
         cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
-                                         INT64, HALF)
+                                         INT64, HALF, ROW)
     _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
                 n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
-                HALF, PASS)
+                HALF, PASS, ROW)
 
 
 @triton.jit
@@ -306,6 +392,7 @@ def rope_qk_kernel(
     HALF: tl.constexpr,  # power of two >= rotary_dim // 2
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0
     V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
+    ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
 ):
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
@@ -364,44 +451,44 @@ def rope_qk_kernel(
         # before any store (the program keeps all of its bytes in flight), then the angles.
         q1, q2, qp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
                                 head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64, BLOCK_H,
-                                HALF, PASS)
+                                HALF, PASS, ROW)
         k1, k2, kp = _load_tile(k_ptr, s_idx, s_mask, pid_b, 0, k_heads, k_sub, rotary_dim,
                                 head_dim, k_s, k_b, k_g, k_u, k_d, INTERLEAVED, INT64, BLOCK_HK,
-                                HALF, PASS)
+                                HALF, PASS, ROW)
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
-                                         INT64, HALF)
+                                         INT64, HALF, ROW)
         _store_tile(q_out_ptr, q1, q2, qp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                     q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
-                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS)
+                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
-                                             FAST_TRIG, INT64, HALF)
+                                             FAST_TRIG, INT64, HALF, ROW)
         _store_tile(k_out_ptr, k1, k2, kp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                     k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g, ko_u, ko_d,
-                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS)
+                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
     elif ALL_HEADS:
         # The cos/sin of these tokens once, for every head block of q, k (and v's copy).
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
-                                         INT64, HALF)
+                                         INT64, HALF, ROW)
         for hb in tl.static_range(Q_LOOP):
             _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, q_table_ptr, sin_ptr, t_row,
                          s_idx, s_mask, pid_b, hb, q_heads, q_sub, rotary_dim, head_dim,
                          q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
                          ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_H, HALF,
-                         PASS)
+                         PASS, ROW)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
-                                             FAST_TRIG, INT64, HALF)
+                                             FAST_TRIG, INT64, HALF, ROW)
         for hb in tl.static_range(K_LOOP):
             _rotate_tile(k_ptr, k_out_ptr, cos1, sin1, cos2, sin2, k_table_ptr, sin_ptr, t_row,
                          s_idx, s_mask, pid_b, hb, k_heads, k_sub, rotary_dim, head_dim,
                          k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
                          ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_HK, HALF,
-                         PASS)
+                         PASS, ROW)
         if HAS_V:
             for hb in tl.static_range(V_LOOP):
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
@@ -410,12 +497,14 @@ def rope_qk_kernel(
         _rotate_tile(q_ptr, q_out_ptr, 0.0, 0.0, 0.0, 0.0, q_table_ptr, sin_ptr, t_row,
                      s_idx, s_mask, pid_b, pid_h, q_heads, q_sub, rotary_dim, head_dim,
                      q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
-                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS)
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS,
+                     ROW)
     elif pid_h < q_blocks + k_blocks:
         _rotate_tile(k_ptr, k_out_ptr, 0.0, 0.0, 0.0, 0.0, k_table_ptr, sin_ptr, t_row,
                      s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads, k_sub, rotary_dim,
                      head_dim, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
-                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS)
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS,
+                     ROW)
     else:
         if HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
@@ -435,6 +524,26 @@ def _floor_pow2(n: int) -> int:
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU
+# Whole rows for 16-bit half-split pairs (``_whole_rows``); False: the pair tiles everywhere,
+# as before them (the A/B of scripts/qk_whole_rows.py).
+WHOLE_ROWS = True
+
+
+def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
+                angles: int) -> dict:
+    """Tiles of whole rows (``ROW``: each row loaded once, its channels' partners again from
+    L1, one store): 8 heads x as many tokens as fill 4 KB of input on 4 warps (8 KB for the
+    cos/sin cache), one head block per program. See ``default_config``."""
+    if not on_gpu:  # the interpreter pays per program: big tiles
+        rows = max(1, 16384 // width)
+        block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
+        block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)))
+        return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
+                    whole_rows=True)
+    tile = 8192 if angles == ANGLES["cache"] else 4096
+    block_h = min(8, _next_pow2(max(1, q_heads)))
+    block_s = min(_next_pow2(max(1, seq_len)), max(1, tile // (row * block_h)))
+    return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False, whole_rows=True)
 
 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
@@ -498,6 +607,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     head_dim 64 the cache's all-heads program is 1 point ahead of it."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
+        return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
     # One token's 2 KB head block per program, 2 warps: where rows are 256 B or more and k fills
     # a block (the cos/sin cache and Hugging Face's tables, as measured above).
     two_kb_blocks = row >= 256 and k_heads * row >= 2048
@@ -629,6 +740,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         HALF=_next_pow2(rotary_dim // 2),
         PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
+        ROW=_next_pow2(head_dim) if cfg.get("whole_rows") and not interleaved else 0,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
 

@@ -1,8 +1,10 @@
 """rope_qk's two shapes of program, forced for every entry point that uses the kernel: one head
 block of one part per program, and ``all_heads`` (a program loops over every head block of q, k
 and v for its tokens, with their cos/sin computed once, or once per table when q and k have
-their own). Head counts that block sizes do not divide leave a partly masked last block in
-each loop; float64 references, NaN-poisoned outputs where the API takes them."""
+their own); each with the pairs' tiles and with whole rows (``whole_rows``: half-split pairs
+only, interleaved ones keep the pairs' tiles). Head counts that block sizes do not divide leave
+a partly masked last block in each loop; head sizes that are not powers of two, a partly
+masked row; float64 references, NaN-poisoned outputs where the API takes them."""
 
 from __future__ import annotations
 
@@ -20,13 +22,18 @@ MODES = [dict(block_s=2, block_h=2, num_warps=4, all_heads=True),
          # loads first: q (5 heads) in one block, k (3) in another; with 4-head blocks q needs
          # two, and the program takes the all-heads loop instead
          dict(block_s=1, block_h=8, block_hk=4, num_warps=2, all_heads=True, loads_first=True),
-         dict(block_s=2, block_h=4, block_hk=4, num_warps=2, all_heads=True, loads_first=True)]
+         dict(block_s=2, block_h=4, block_hk=4, num_warps=2, all_heads=True, loads_first=True),
+         dict(block_s=2, block_h=2, num_warps=4, all_heads=False, whole_rows=True),
+         dict(block_s=1, block_h=4, block_hk=2, num_warps=4, all_heads=True, whole_rows=True),
+         dict(block_s=1, block_h=8, block_hk=4, num_warps=2, all_heads=True, loads_first=True,
+              whole_rows=True)]
 
 
 @pytest.fixture(params=MODES, ids=lambda m: f"s{m['block_s']}h{m['block_h']}"
                 + (f"hk{m['block_hk']}" if "block_hk" in m else "")
                 + ("-all_heads" if m["all_heads"] else "-one_block")
-                + ("-loads_first" if m.get("loads_first") else ""))
+                + ("-loads_first" if m.get("loads_first") else "")
+                + ("-whole_rows" if m.get("whole_rows") else ""))
 def mode(request, monkeypatch):
     monkeypatch.setattr(rope_qk, "_PLANS", {})
     monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(request.param))
@@ -50,6 +57,7 @@ def test_cache(mode, is_neox, backward, seed):
     assert plan.constexprs["LOADS_FIRST"] == (mode.get("loads_first", False)
                                               and mode["block_h"] >= q_heads
                                               and mode.get("block_hk", mode["block_h"]) >= k_heads)
+    assert plan.constexprs["ROW"] == (32 if mode.get("whole_rows") and is_neox else 0)
     # The backward rotates by -theta: the forward with the cache's sin half negated.
     ref_cache = torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache
     assert_rope_close(q_out, cache_reference(positions, query, head_size, ref_cache, is_neox),
@@ -58,16 +66,19 @@ def test_cache(mode, is_neox, backward, seed):
                       torch.float32, "key")
 
 
-def test_hf(mode, seed):
-    b, s, q_heads, k_heads, d, r = 2, 3, 5, 3, 16, 12
+@pytest.mark.parametrize("backward", [False, True])
+def test_hf(mode, backward, seed):
+    b, s, q_heads, k_heads, d, r = 2, 3, 5, 3, 20, 12
     q = randn((b, s, q_heads, d), torch.bfloat16, seed).transpose(1, 2)  # HF's [b, h, s, d] view
     k = randn((b, s, k_heads, d), torch.bfloat16, seed + 1).transpose(1, 2)
     angles = randn((b, s, r // 2), torch.float32, seed + 2)
     emb = torch.cat((angles, angles), -1)
     cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
-    q_out, k_out = rope_qk.rope_cos_sin(q, k, cos, sin, heads_axis=1)
-    assert_rope_close(q_out, hf_reference(q, cos, sin), torch.bfloat16, "q")
-    assert_rope_close(k_out, hf_reference(k, cos, sin), torch.bfloat16, "k")
+    q_out, k_out = rope_qk.rope_cos_sin(q, k, cos, sin, heads_axis=1, backward=backward)
+    # The backward rotates by -theta (the tables' two halves are equal): sin negated.
+    ref_sin = -sin if backward else sin
+    assert_rope_close(q_out, hf_reference(q, cos, ref_sin), torch.bfloat16, "q")
+    assert_rope_close(k_out, hf_reference(k, cos, ref_sin), torch.bfloat16, "k")
 
 
 @pytest.mark.parametrize("same_table", [True, False])
@@ -86,12 +97,32 @@ def test_qkv(mode, same_table, seed):
     assert torch.equal(v, v_in)
 
 
-def test_default_config_of_hugging_face_tables():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qkv_backward(mode, dtype, seed):
+    """The gradient of fused QKV: q's and k's rotated back by R(-theta) (their tables' two halves
+    are equal: the forward with the angles negated), v's copied, into one qkv-shaped tensor."""
+    s, b, groups, d = 4, 2, 3, 20
+    splits = [2 * d, d, d]
+    q_grad = randn((s, b, 2 * groups, d), dtype, seed)
+    k_grad = randn((s, b, groups, d), dtype, seed + 1)
+    v_grad = randn((s, b, groups, d), dtype, seed + 2)
+    q_freqs = RotaryPositionEmbedding(12, device=DEVICE)(s)
+    k_freqs = RotaryPositionEmbedding(12, rotary_base=500.0, device=DEVICE)(s)
+    grad = rope_qk.rope_qkv_backward(q_grad, k_grad, v_grad, q_freqs, k_freqs, splits)
+    dq, dk, dv = torch.split(grad, splits, dim=3)
+    assert_rope_close(dq.reshape(s, b, -1, d), rope_reference(q_grad.double(), -q_freqs),
+                      dtype, "q")
+    assert_rope_close(dk, rope_reference(k_grad.double(), -k_freqs), dtype, "k")
+    assert torch.equal(dv, v_grad)
+
+
+def test_default_config_of_hugging_face_tables(monkeypatch):
     """Hugging Face's cos/sin where a row is 256 B or more, k fills 2 KB and the whole head is
     rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
     2 KB otherwise; loads first on 4 warps where all of q fits 4 KB and k is no bigger. Partial
     rotary, interleaved pairs and the interpreter keep their tiles (the measured reasons are in
     default_config's docstring)."""
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)  # the pairs' tiles (16-bit: below)
     hf_tables = rope_qk.ANGLES["cos_sin"]
 
     def blocks(heads):
@@ -122,9 +153,10 @@ def test_default_config_of_hugging_face_tables():
     assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, hf_tables, 128)["num_warps"] == 2
 
 
-def test_default_config_of_the_cache_in_place():
+def test_default_config_of_the_cache_in_place(monkeypatch):
     """The cache written in place at head_dim 128 (vLLM's call): one token's 8 heads a program,
     2 warps; out of place, interleaved or on the interpreter the other rules decide."""
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)  # the pairs' tiles (16-bit: below)
     cache = rope_qk.ANGLES["cache"]
     in_place = dict(block_s=1, block_h=8, num_warps=2, all_heads=False)
     for element_size in (2, 4):
@@ -140,11 +172,12 @@ def test_default_config_of_the_cache_in_place():
     assert rope_qk.default_config(4096, 32, 8, 64, 2, True, False, cache, 64, True) != in_place
 
 
-def test_default_config_loads_first():
+def test_default_config_loads_first(monkeypatch):
     """Loads first where a token's q fits 4 KB and k does not fill 2 KB, the whole head rotated:
     the cache with rows of 256 B or more (in place too), Hugging Face's tables (4 warps for 128 B
     rows); not where k fills 2 KB (except Hugging Face's, test_default_config_of_hugging_face_tables),
     nor for partial rotary, interleaved pairs or the interpreter."""
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)  # the pairs' tiles (16-bit: below)
     cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
 
     def loads_first(q_heads, k_heads, warps):
@@ -174,6 +207,57 @@ def test_default_config_loads_first():
                                           128).get("loads_first")
         assert not rope_qk.default_config(4096, 16, 4, 128, 4, True, False, angles,
                                           128).get("loads_first")
+
+
+def test_default_config_whole_rows():
+    """16-bit half-split rows of 256 B or more take whole rows, for every table and in place too:
+    on a GPU 8 heads (fewer where q has fewer) x the tokens that fill 4 KB of input (8 KB for the
+    cos/sin cache) on 4 warps, one head block per program. fp32, interleaved pairs, rows of 128 B
+    and ``WHOLE_ROWS = False`` keep the pairs' tiles (scripts/qk_whole_rows.py measured whole
+    rows behind at head_dim 64)."""
+    def whole(block_s, block_h):
+        return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
+                    whole_rows=True)
+
+    cache, hf_tables, freqs = (rope_qk.ANGLES[a] for a in ("cache", "cos_sin", "freqs"))
+    for angles in (cache, hf_tables, freqs):
+        tile = 8192 if angles == cache else 4096
+        for in_place in (False, True):
+            for q_heads, k_heads, head_dim, rotary_dim in ((32, 8, 128, 128), (16, 4, 128, 64),
+                                                           (8, 8, 128, None), (4, 4, 128, 128),
+                                                           (16, 16, 256, 256), (32, 8, 160, 80)):
+                width = 1 << (head_dim - 1).bit_length()
+                block_h = min(8, q_heads)
+                want = whole(max(1, min(tile // (2 * width * block_h), 4096)), block_h)
+                got = rope_qk.default_config(4096, q_heads, k_heads, head_dim, 2, True, False,
+                                             angles, rotary_dim, in_place)
+                assert got == want, (angles, in_place, q_heads, head_dim, got)
+                assert rope_qk.default_config(4096, q_heads, k_heads, head_dim, 2, False, False,
+                                              angles, rotary_dim, in_place)["whole_rows"]
+            for esize, head_dim, interleaved in ((4, 128, False), (2, 64, False), (2, 128, True)):
+                got = rope_qk.default_config(4096, 32, 8, head_dim, esize, True, interleaved,
+                                             angles, head_dim, in_place)
+                assert not got.get("whole_rows"), (angles, esize, head_dim, interleaved)
+    # Decode: one token a sequence, 2 KB of 8 heads a program.
+    assert rope_qk.default_config(1, 32, 8, 128, 2, True, False, hf_tables, 128) == whole(1, 8)
+
+
+def test_whole_rows_switch(monkeypatch):
+    """``WHOLE_ROWS = False`` gives the pairs' tiles where whole rows would be taken, and the plan's
+    ``ROW`` follows the config: the next power of two of head_dim, 0 for interleaved pairs."""
+    args = (4096, 32, 8, 128, 2, True, False, rope_qk.ANGLES["cache"], 128)
+    assert rope_qk.default_config(*args)["whole_rows"]
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
+    assert not rope_qk.default_config(*args).get("whole_rows")
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", True)
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    query = randn((3, 2 * 80), torch.bfloat16, 0)
+    key = randn((3, 80), torch.bfloat16, 1)
+    positions = torch.arange(3, device=DEVICE)
+    for is_neox, row in ((True, 128), (False, 0)):
+        rope_qk.rope_cos_sin_cache(positions, query, key, 80, make_cache(8, 64), is_neox)
+        plan = next(p for sig, p in rope_qk._PLANS.items() if sig[-3] is is_neox)
+        assert plan.constexprs["ROW"] == row
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
