@@ -552,6 +552,19 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
+    Whole rows first (``_whole_rows``, ``whole_rows`` in the config): 16-bit half-split pairs
+    whose rows are 256 B or more, every table, in place or not. Against the pairs' tiles below
+    (scripts/qk_whole_rows.py, figures/qk_whole_rows.json: H100, 5 shuffled rounds, both tile
+    sets in one process) they were 0.1-3.0% faster at every such shape of the benchmark's q+k
+    problems, forward and backward, but three: the cache in place at batch 1 (-1.1%, an 84 MB
+    problem whose single medians fall on one of two levels, see docs/performance_notes.md),
+    and in place at head_dim 256 and Hugging Face's tables at batch 4 (level). Most with half
+    the head rotated through Hugging Face's call, whose rows were cut in three pieces and whose
+    results are contiguous, so transposed: 0.952 -> 0.971 of copy forward, 0.943 -> 0.971
+    backward; fused QKV 0.5-1.4%. At head_dim 64 in 16-bit (128 B rows) they were 0.5-0.8%
+    behind in a probe, so those rows, fp32 and interleaved pairs keep the rules below. All of
+    those rules were measured on an H200 before whole rows existed.
+
     One head block per program: about TILE_BYTES of input, spent first on heads (a run of heads
     is contiguous in every layout the entry points produce), at most the smaller of the q and k
     head counts so that k's tiles are not mostly masked (grouped-query attention: 8 k heads for
