@@ -35,6 +35,9 @@ from rope_kernels import rope_qk as rows  # noqa: E402
 from rope_kernels.bench import QKProblem, QKVProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 from rope_kernels.bench import shuffled_rounds as bench_shuffled_rounds  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from qk_table_hint import calls  # noqa: E402  (each entry point's call on a given rope_qk module)
+
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128 unless said)
 SHAPES = {
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "8q/8k": dict(heads=8),
@@ -56,24 +59,6 @@ def pairs_module():
     module.WHOLE_ROWS = False
     module.launch = _launch.thin_launch
     return module
-
-
-def calls(module, p: QKProblem, mode: str):
-    q, k = p.tokens(p.q), p.tokens(p.k)
-    gq, gk = p.tokens(p.gq), p.tokens(p.gk)
-    cos, sin = p.cos[..., :p.rotary_dim], p.sin[..., :p.rotary_dim]
-    if mode == "cache out of place":
-        return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache)
-    if mode == "cache in place":
-        return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache,
-                                                 query_out=q, key_out=k)
-    if mode == "cache backward":
-        return lambda: module.rope_cos_sin_cache(p.positions, gq, gk, p.head_dim, p.cache,
-                                                 backward=True)
-    if mode == "hf":
-        return lambda: module.rope_cos_sin(p.q.transpose(1, 2), p.k.transpose(1, 2), cos, sin, 1)
-    return lambda: module.rope_cos_sin(p.gq.transpose(1, 2), p.gk.transpose(1, 2), cos, sin, 1,
-                                       backward=True)
 
 
 def max_difference(a, b) -> float:
