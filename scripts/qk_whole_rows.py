@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 from rope_kernels import _launch  # noqa: E402
 from rope_kernels import rope_qk as rows  # noqa: E402
 from rope_kernels.bench import QKProblem, QKVProblem, copy_bandwidth_gbps, provenance  # noqa: E402
-from rope_kernels.bench import shuffled_rounds as bench_shuffled_rounds  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from qk_table_hint import calls  # noqa: E402  (each entry point's call on a given rope_qk module)
+# Each entry point's call on a given rope_qk module, and medians of shuffled rounds.
+from qk_table_hint import calls, shuffled_rounds  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128 unless said)
 SHAPES = {
@@ -69,12 +69,6 @@ def max_difference(a, b) -> float:
         scale = x.float().abs().max().item() * torch.finfo(x.dtype).eps
         worst = max(worst, (x.float() - y.float()).abs().max().item() / max(scale, 1e-30))
     return worst
-
-
-def shuffled_rounds(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    """name -> median fraction of copy over ``rounds`` shuffled rounds (bench.shuffled_rounds)."""
-    return {name: round(sorted(v)[len(v) // 2], 4)
-            for name, v in bench_shuffled_rounds(fns, nbytes, copy, rounds).items()}
 
 
 def main(argv=None):
