@@ -220,6 +220,50 @@ def _cos_sin(freqs_ptr, pos, c1, c2, f_stride_s, f_stride_d, mask, BACKWARD: tl.
 
 
 @triton.jit
+def _row_partner(rotary_dim, INT64: tl.constexpr, ROW: tl.constexpr):
+    """Channels c [ROW] of a whole row, the channel each is paired with (half-split: c + d2/2
+    in the first half of the rotary channels, c - d2/2 in the second; itself past them), and
+    whether c is rotated."""
+    c = tl.arange(0, ROW)
+    half = rotary_dim // 2
+    rotated = c < rotary_dim
+    partner = tl.where(c < half, c + half, tl.where(rotated, c - half, c))
+    if INT64:
+        c = c.to(tl.int64)
+        partner = partner.to(tl.int64)
+    return c, partner, rotated
+
+
+@triton.jit
+def _cos_sin_row(freqs_ptr, pos, c, partner, rotary_dim, f_stride_s, f_stride_d, mask,
+                 BACKWARD: tl.constexpr, FAST_TRIG: tl.constexpr):
+    """Whole rows as ``y[c] = x[c] * cos[c] + x[partner(c)] * sin[c]``: every channel's cos and
+    signed sin, ``[..., ROW]`` (-sin in the first half of the rotary channels, +sin in the
+    second; cos 1 and sin 0 past them). The backward is the transpose: the partner's term takes
+    the partner's sine, with the other sign."""
+    row = pos * f_stride_s
+    f = tl.load(freqs_ptr + row + c * f_stride_d, mask=mask, other=0.0)
+    if BACKWARD:
+        f_sin = tl.load(freqs_ptr + row + partner * f_stride_d, mask=mask, other=0.0)
+    else:
+        f_sin = f
+    if FAST_TRIG:
+        cos, sin = _fast_sincos(f)
+        if BACKWARD:
+            _, sin = _fast_sincos(f_sin)
+    else:
+        cos = tl.cos(f)
+        sin = tl.sin(f_sin)
+    first = c < rotary_dim // 2
+    sign = tl.where(first, -1.0, 1.0)
+    if BACKWARD:
+        sign = -sign
+    cos = tl.where(mask, cos, 1.0)
+    sin = tl.where(mask, sign * sin, 0.0)
+    return cos, sin
+
+
+@triton.jit
 def _as_words(ptr):
     """``ptr`` seen as one word per pair of elements: uint32 for 16-bit dtypes, uint64 for 32-bit."""
     if ptr.dtype.element_ty.primitive_bitwidth == 16:
@@ -309,6 +353,7 @@ def rope_2d_kernel(
     BLOCK_H: tl.constexpr,
     HALF: tl.constexpr,  # power of two >= rotary_dim // 2: pairs per head
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0: channels copied through
+    ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
 ):
     # One program: BLOCK_S positions x BLOCK_B batch elements x BLOCK_H heads, on a 1-D grid.
     pid = tl.program_id(0)
@@ -369,7 +414,16 @@ def rope_2d_kernel(
 
     # Every load of x is issued first, the angle table's after: the table load and the cos/sin
     # arithmetic then overlap the latency of the x loads instead of adding to it.
-    if PAIRS_AS_WORDS:
+    if ROW > 0:
+        # Whole rows (half-split pairs): each row in one load, and again through the channels'
+        # partners (the same lines, from L1); one store below.
+        c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
+        row_mask = s_mask[:, None, None] & bh_mask[None, :, None]
+        xr = tl.load(x_ptr + x_sbh + c[None, None, :] * x_stride_d,
+                     mask=row_mask & (c < head_dim)[None, None, :])
+        xq = tl.load(x_ptr + x_sbh + partner[None, None, :] * x_stride_d,
+                     mask=row_mask & rotated[None, None, :], other=0.0)
+    elif PAIRS_AS_WORDS:
         # One word load per pair, as wide and coalesced as the half-split loads, and no
         # shuffling of registers.
         x1, x2 = _load_pairs(x_ptr, x_sbh + j[None, None, :], mask)
@@ -411,29 +465,37 @@ def rope_2d_kernel(
         pos = pos.to(tl.int64)
     # The reuse: one cos/sin tile [BLOCK_S, HALF] per program, shared by all its batch elements
     # and heads.
-    sj_mask = s_mask[:, None] & j_mask[None, :]
-    cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
-                                      f_stride_s, f_stride_d, sj_mask, BACKWARD, FAST_TRIG)
+    if ROW > 0:
+        cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
+                                f_stride_s, f_stride_d, s_mask[:, None] & rotated[None, :],
+                                BACKWARD, FAST_TRIG)
+        y = xr.to(tl.float32) * cos[:, None, :] + xq.to(tl.float32) * sin[:, None, :]
+        tl.store(out_ptr + o_sbh + c[None, None, :] * o_stride_d,
+                 y.to(out_ptr.dtype.element_ty), mask=row_mask & (c < head_dim)[None, None, :])
+    else:
+        sj_mask = s_mask[:, None] & j_mask[None, :]
+        cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
+                                          f_stride_s, f_stride_d, sj_mask, BACKWARD, FAST_TRIG)
 
-    if INTERLEAVED and not PAIRS_AS_WORDS:
-        x1, x2 = tl.split(x12.to(tl.float32))
-    else:
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
-    y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-    if PAIRS_AS_WORDS:
-        _store_pairs(out_ptr, o_sbh + j[None, None, :], y1, y2, mask)
-    elif INTERLEAVED:
-        y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + o_sbh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
-    else:
-        tl.store(out_ptr + o_sbh + c1[None, None, :] * o_stride_d,
-                 y1.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + o_sbh + c2[None, None, :] * o_stride_d,
-                 y2.to(out_ptr.dtype.element_ty), mask=mask)
-    if PASS > 0:
-        tl.store(o_base + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
+        if INTERLEAVED and not PAIRS_AS_WORDS:
+            x1, x2 = tl.split(x12.to(tl.float32))
+        else:
+            x1 = x1.to(tl.float32)
+            x2 = x2.to(tl.float32)
+        y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
+        y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+        if PAIRS_AS_WORDS:
+            _store_pairs(out_ptr, o_sbh + j[None, None, :], y1, y2, mask)
+        elif INTERLEAVED:
+            y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + o_sbh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
+        else:
+            tl.store(out_ptr + o_sbh + c1[None, None, :] * o_stride_d,
+                     y1.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + o_sbh + c2[None, None, :] * o_stride_d,
+                     y2.to(out_ptr.dtype.element_ty), mask=mask)
+        if PASS > 0:
+            tl.store(o_base + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
@@ -692,6 +754,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # thd_positions_kernel) instead of each tile searching cu_seqlens.
     cfg["token_rows"] = is_thd and n_seqs > TOKEN_ROWS_ABOVE
     cfg["pdl"] = None
+    # Whole rows (each row loaded and stored in one piece, the partner channels again from L1):
+    # off by default until measured for this kernel (scripts/qk_whole_rows.py has the q+k A/B).
+    cfg.setdefault("whole_rows", False)
     if config:
         unknown = set(config) - set(cfg)
         if unknown:
@@ -708,6 +773,8 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # GPU has it (``pdl`` in config: None = where available).
     pdl = bool(cfg["token_rows"]) and (_pdl_available(t.device) if cfg["pdl"] is None
                                        else bool(cfg["pdl"]))
+    # Whole rows: half-split pairs only (interleaved pairs have their own loads).
+    whole_rows = bool(cfg["whole_rows"]) and not interleaved
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
     # Without the pre-pass, few sequences: every tile counts the boundaries below its tokens.
@@ -744,9 +811,11 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         BLOCK_B=cfg["block_b"],
         BLOCK_H=cfg["block_h"],
         HALF=_next_pow2(rotary_dim // 2),
-        # Channels copied through (words of two when pairs are words).
+        # Channels copied through (words of two when pairs are words; whole rows copy them
+        # within the row).
         PASS=(_next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
-              if head_dim > rotary_dim else 0),
+              if head_dim > rotary_dim and not whole_rows else 0),
+        ROW=_next_pow2(head_dim) if whole_rows else 0,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"], dict(launch_pdl=True) if pdl else None)
 
@@ -782,7 +851,9 @@ def rope_2d(
             ``num_warps`` (powers of two), ``fast_trig`` (SFU cos/sin, NVIDIA GPUs only) and
             ``token_rows`` (thd: the per-token pre-pass instead of the search over cu_seqlens;
             on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
-            programmatic dependent launch of the main kernel; None = on where the GPU has it).
+            programmatic dependent launch of the main kernel; None = on where the GPU has it)
+            and ``whole_rows`` (half-split pairs: each row loaded and stored in one piece, the
+            channels' partners loaded again from L1; off by default, not yet measured here).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 

@@ -8,6 +8,8 @@ are exercised at every boundary.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -94,7 +96,8 @@ def rope_case(draw):
 def launch_config(draw):
     return dict(block_s=draw(st.sampled_from([1, 2, 4, 8])), block_b=draw(st.sampled_from([1, 2, 4])),
                 block_h=draw(st.sampled_from([1, 2, 4])), group_b=draw(st.integers(1, 3)),
-                num_warps=4)
+                num_warps=4,
+                whole_rows=draw(st.booleans()))
 
 
 @pytest.mark.parametrize("kernel", ["1d", "2d"])
@@ -191,3 +194,52 @@ def test_rope_2d_in_place_bshd_head_dim_128(dtype, heads, backward, seed):
     y = t.clone()
     rope_2d(y, freqs, "bshd", backward=backward, out=y.view(y.shape))
     assert_rope_close(y, ref, dtype, "in place through another view")
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_rope_2d_whole_rows(fmt, dtype, cp_size, seed):
+    """rope_2d with whole rows (``config={'whole_rows': True}``: each row loaded once, its
+    channels' partners again, one store), head_dim 20 with 12 channels rotated (a partly masked
+    row of 32, 8 channels passed through): forward and backward against the float64 reference,
+    with start positions where TransformerEngine allows them, outputs NaN-poisoned; interleaved
+    pairs keep their own loads (ROW 0)."""
+    k2 = importlib.import_module("rope_kernels.rope_2d")  # (the package exports the function)
+    cp_rank = cp_size - 1
+    kw = {"cp_size": cp_size, "cp_rank": cp_rank}
+    if fmt == "thd":
+        kw["cu_seqlens"] = torch.tensor([0, 4, 4, 16] if cp_size == 1 else [0, 8, 8, 16],
+                                        dtype=torch.int32, device=DEVICE)
+        shape = (16 // cp_size, 2, 20)
+    else:
+        shape = {"sbhd": (6, 3, 2, 20), "bshd": (3, 6, 2, 20)}[fmt]
+    if cp_size == 1:
+        kw["start_positions"] = torch.tensor([5, 0, 17], dtype=torch.int32, device=DEVICE)
+    freqs = RotaryPositionEmbedding(12, device=DEVICE)(40)
+    t = randn(shape, dtype, seed)
+    grad = randn(shape, dtype, seed + 1)
+    t64 = t.double().requires_grad_(True)
+    ref = rope_reference(t64, freqs, fmt, **kw)
+    ref.backward(grad.double())
+    for interleaved, row in ((False, 32), (True, 0)):
+        if interleaved:
+            freqs_i = RotaryPositionEmbedding(12, interleaved=True, device=DEVICE)(40)
+            ref_i = rope_reference(t.double(), freqs_i, fmt, interleaved=True, **kw)
+        for backward in (False, True):
+            out = torch.full_like(t, float("nan"))
+            k2._PLANS.clear()
+            rope_2d(grad if backward else t, freqs_i if interleaved else freqs, fmt,
+                    interleaved=interleaved, backward=backward, out=out,
+                    config={"whole_rows": True}, **kw)
+            (plan,) = k2._PLANS.values()
+            # Whole rows copy the channels past rotary_dim within the row; pairs read as words
+            # copy them as 4 words.
+            assert plan.constexprs["ROW"] == row
+            assert plan.constexprs["PASS"] in ((0,) if row else (4, 8))
+            if interleaved:
+                if not backward:
+                    assert_rope_close(out, ref_i, dtype, "interleaved forward")
+            else:
+                assert_rope_close(out, t64.grad if backward else ref, dtype,
+                                  "backward" if backward else "forward")
