@@ -539,7 +539,8 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
                    in_place: bool = False, n_seqs: Optional[int] = None) -> dict:
     """Tile shape, program order and warps: a heuristic from the tile sweep on an H200
     (scripts/tile_sweep.py, shown in notebook 04). Returns ``block_s`` positions x ``block_b``
-    batch elements x ``block_h`` heads (powers of two), ``group_b`` and ``num_warps``.
+    batch elements x ``block_h`` heads (powers of two), ``group_b``, ``num_warps`` and
+    ``whole_rows``.
 
     - A tile holds about TILE_BYTES of input, spent first on heads (at most half the rows; 4 in
       bshd, where positions are contiguous), then on up to 8 positions, then on batch elements.
@@ -566,20 +567,43 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       and 0.888 -> 0.927 of copy forward, 0.888 -> 0.911 backward at 64; at 4 KB rows (32 heads)
       1 and 2 warps were level (within 0.4 points), and with the pre-pass (more sequences) the same
       tile on 1 warp moved -1.3 to +0.1.
+    - ``whole_rows`` (WHOLE_ROWS): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES
+      (head_dim 128 and up) keep the tile chosen above, in place too, but move it as whole rows
+      (each row loaded once, its channels' partners again from L1, one store) on twice its warps
+      (at most 8). In an A/B on an H100 (figures/rope2d_whole_rows.json) this was ahead of the
+      pairs' tiles at every shape it covers, forward and backward, where neither half of the
+      change alone (whole rows on the old warps, pairs on twice the warps) was; fp32 rows and
+      128 B rows were level or mixed and keep the pairs.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
     if (in_place and on_gpu and tensor_format == "bshd" and element_size == 2 and heads >= 8
             and head_dim == rotary_dim == 128 and not interleaved):
-        return dict(block_s=1, block_b=1, block_h=min(8, _next_pow2(max(1, heads))), group_b=1,
-                    num_warps=2)
-    # A new dict each call: the cached tuple stays untouched by callers that edit it.
-    cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
-                       interleaved and not pairs_as_words, tensor_format))
-    if (on_gpu and tensor_format == "thd" and n_seqs is not None and n_seqs <= TOKEN_ROWS_ABOVE
-            and element_size == 2 and 1024 < heads * head_dim * element_size <= 2048):
-        cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
+        cfg = dict(block_s=1, block_b=1, block_h=min(8, _next_pow2(max(1, heads))), group_b=1,
+                   num_warps=2)
+    else:
+        # A new dict each call: the cached tuple stays untouched by callers that edit it.
+        cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
+                           interleaved and not pairs_as_words, tensor_format))
+        if (on_gpu and tensor_format == "thd" and n_seqs is not None
+                and n_seqs <= TOKEN_ROWS_ABOVE and element_size == 2
+                and 1024 < heads * head_dim * element_size <= 2048):
+            cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
+    cfg["whole_rows"] = (WHOLE_ROWS and on_gpu and element_size == 2 and not interleaved
+                         and head_dim * element_size >= WHOLE_ROW_BYTES)
+    if cfg["whole_rows"]:
+        cfg["num_warps"] = min(8, 2 * cfg["num_warps"])  # the same tile on twice the warps
     return cfg
+
+
+# Whole rows (``ROW``): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES are loaded
+# whole, their channels' partners again (the same lines, from L1), and stored in one piece, on
+# twice the warps of the pairs' tile. H100, shuffled rounds, fraction of copy, pairs -> whole rows
+# on twice the warps: scripts/rope2d_whole_rows.py, figures/rope2d_whole_rows.json. Rows of
+# 128 B (head_dim 64) and float32 rows stay with the pairs, as in rope_qk. False: the pairs'
+# tiles everywhere (for A/Bs).
+WHOLE_ROWS = True
+WHOLE_ROW_BYTES = 256
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
@@ -754,9 +778,6 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # thd_positions_kernel) instead of each tile searching cu_seqlens.
     cfg["token_rows"] = is_thd and n_seqs > TOKEN_ROWS_ABOVE
     cfg["pdl"] = None
-    # Whole rows (each row loaded and stored in one piece, the partner channels again from L1):
-    # off by default until measured for this kernel (scripts/qk_whole_rows.py has the q+k A/B).
-    cfg.setdefault("whole_rows", False)
     if config:
         unknown = set(config) - set(cfg)
         if unknown:
@@ -853,7 +874,8 @@ def rope_2d(
             on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
             programmatic dependent launch of the main kernel; None = on where the GPU has it)
             and ``whole_rows`` (half-split pairs: each row loaded and stored in one piece, the
-            channels' partners loaded again from L1; off by default, not yet measured here).
+            channels' partners loaded again from L1; on by default for 16-bit rows of 256 B or
+            more on a GPU, see ``default_config``).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 

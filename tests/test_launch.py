@@ -719,10 +719,12 @@ def test_thd_count_of_boundaries(n_seqs, seed):
     assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, cu_seqlens=cu), torch.float32)
 
 
-def test_thd_one_warp_for_2kb_rows_with_few_sequences():
+def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     """default_config's thd rule: 16-bit token rows of more than 1 KB and at most 2 KB run on one
     warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences); not with more
-    sequences, other rows, float32, or on the CPU."""
+    sequences, other rows, float32, or on the CPU. (The pairs' tiles: whole rows double the
+    warps, test_default_config_whole_rows.)"""
+    monkeypatch.setattr(r2, "WHOLE_ROWS", False)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     cfg = lambda heads, n_seqs, device=gpu, esize=2, d=128: r2.default_config(  # noqa: E731
         65536, 1, heads, d, d, device, esize, False, "thd", n_seqs=n_seqs)
@@ -734,6 +736,55 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences():
     for other in (cfg(8, r2.TOKEN_ROWS_ABOVE + 1), cfg(8, None), cfg(32, 64), cfg(4, 64),
                   cfg(8, 64, esize=4), cfg(8, 64, cpu)):
         assert other["num_warps"] != 1, other
+
+
+def test_default_config_whole_rows(monkeypatch):
+    """On a GPU, 16-bit half-split rows of 256 B or more (head_dim 128 and up) keep the pairs'
+    tile, in place and in thd packs too, and move it as whole rows on twice its warps (at most
+    8); fp32, interleaved pairs, 128 B rows, the CPU and ``WHOLE_ROWS = False`` keep the pairs."""
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+
+    def cfg(*args, whole=True, **kw):
+        monkeypatch.setattr(r2, "WHOLE_ROWS", whole)
+        return r2.default_config(*args, **kw)
+
+    # TE's default shape, sbhd bf16: the 2 x 16-head tile of 8 KB, 8 warps instead of 4.
+    assert cfg(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd") == dict(
+        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=8, whole_rows=True)
+    # bshd in place: one position's 8 heads, 4 warps instead of 2.
+    assert cfg(4096, 16, 32, 128, 128, gpu, 2, False, "bshd", in_place=True) == dict(
+        block_s=1, block_b=1, block_h=8, group_b=1, num_warps=4, whole_rows=True)
+    # thd pack of 64 sequences with 8 heads: the 1-warp rule's tile on 2.
+    assert cfg(131072, 1, 8, 128, 128, gpu, 2, False, "thd", n_seqs=64)["num_warps"] == 2
+    for args, kw in (((4096, 16, 32, 128, 64, gpu, 2, False, "bshd"), {}),  # partial rotary
+                     ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}),  # 2 KB rows
+                     ((4096, 16, 16, 256, 256, gpu, 2, False, "sbhd"), {}),
+                     ((65536, 1, 32, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 4096}),
+                     ((1, 64, 32, 128, 128, gpu, 2, False, "bshd"), {})):  # decode
+        pairs = cfg(*args, whole=False, **kw)
+        assert pairs["whole_rows"] is False
+        assert cfg(*args, **kw) == dict(pairs, whole_rows=True,
+                                        num_warps=min(8, 2 * pairs["num_warps"])), args
+    for args in ((4096, 16, 32, 128, 128, gpu, 4, False, "bshd"),  # fp32
+                 (4096, 16, 32, 128, 128, gpu, 2, True, "sbhd"),  # interleaved
+                 (4096, 16, 32, 64, 64, gpu, 2, False, "bshd"),  # 128 B rows
+                 (4096, 16, 32, 128, 128, cpu, 2, False, "sbhd")):  # the interpreter
+        assert cfg(*args) == cfg(*args, whole=False), args
+        assert cfg(*args)["whole_rows"] is False
+
+
+def test_whole_rows_default_reaches_the_plan(monkeypatch):
+    """The default config's ``whole_rows`` gives the plan's ``ROW`` (the next power of two of
+    head_dim, no separate channels past rotary_dim), and the rotation stays right."""
+    monkeypatch.setattr(r2, "_PLANS", {})
+    real = r2.default_config
+    monkeypatch.setattr(r2, "default_config", lambda *a, **k: dict(real(*a, **k), whole_rows=True))
+    freqs = RotaryPositionEmbedding(80, device=DEVICE)(6)
+    t = randn((6, 2, 3, 100), torch.bfloat16, 0)
+    out = rope_2d(t, freqs, "sbhd")
+    (plan,) = r2._PLANS.values()
+    assert (plan.constexprs["ROW"], plan.constexprs["PASS"]) == (128, 0)
+    assert_rope_close(out, rope_reference(t.double(), freqs, "sbhd"), torch.bfloat16)
 
 
 def test_narrow_rounds():

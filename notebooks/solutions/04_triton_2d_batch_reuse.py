@@ -51,12 +51,15 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     * ``group_b``: 2 for other bshd tiles, else every batch block; 4 warps;
     * interleaved pairs of a contiguous tensor are read one word per pair, so they tile like
       half-split pairs (``interleaved`` changes nothing here);
+    * on a GPU, 16-bit half-split rows of 256 B or more (head_dim 128 and up) move as whole rows
+      (``whole_rows``) on twice the warps, at most 8; interleaved pairs, fp32 and narrower rows
+      keep the pairs;
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
     ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
 
     Returns ``(grid, config)``: ``grid`` = ``(programs, 1, 1)`` (a 1-D grid), ``config`` a dict with
-    ``block_s``, ``block_b``, ``block_h``, ``group_b`` and ``num_warps``.
+    ``block_s``, ``block_b``, ``block_h``, ``group_b``, ``num_warps`` and ``whole_rows``.
     """
     if tensor_format == "sbhd":
         seq_rows, batch, heads, d = shape
@@ -105,8 +108,11 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     b_blocks = _cdiv(batch, block_b)
     if group_b is None:
         group_b = max(1, b_blocks)
+    whole_rows = on_gpu and element_size == 2 and not interleaved and d * element_size >= 256
+    if whole_rows:
+        num_warps = min(8, 2 * num_warps)
     config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
-                  num_warps=num_warps)
+                  num_warps=num_warps, whole_rows=whole_rows)
     group = min(group_b, b_blocks)
     programs = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h) * _cdiv(b_blocks, group) * group
     return (programs, 1, 1), config
