@@ -570,10 +570,13 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     - ``whole_rows`` (WHOLE_ROWS): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES
       (head_dim 128 and up) keep the tile chosen above, in place too, but move it as whole rows
       (each row loaded once, its channels' partners again from L1, one store) on twice its warps
-      (at most 8). In an A/B on an H100 (figures/rope2d_whole_rows.json) this was ahead of the
-      pairs' tiles at every shape it covers, forward and backward, where neither half of the
-      change alone (whole rows on the old warps, pairs on twice the warps) was; fp32 rows and
-      128 B rows were level or mixed and keep the pairs.
+      (at most 8). In an A/B on an H100 (figures/rope2d_whole_rows.json, 5 shuffled rounds)
+      this ran at 1.002-1.016 of the pairs' speed at the shapes it covers, forward and backward,
+      but two: bshd with 8 heads forward (0.997; 1.007 in an earlier run) and batch 1 backward
+      (0.997; a 64 MB problem). Neither half of the change alone was as steady: pairs on twice
+      the warps lost 4-5% in sbhd forward, up to 2.7% at 8 heads and 4% in place; whole rows on
+      the old warps were behind the pairs at head_dim 256 and at 8 heads forward. fp32 rows and
+      128 B rows were level or mixed there and keep the pairs.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
