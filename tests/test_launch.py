@@ -787,6 +787,25 @@ def test_whole_rows_default_reaches_the_plan(monkeypatch):
     assert_rope_close(out, rope_reference(t.double(), freqs, "sbhd"), torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_rows_with_a_table_whose_halves_differ(dtype):
+    """Whole rows take channel c's angle from the table's column c, as the pairs' path does, so an
+    angle table whose two halves differ (any freqs TransformerEngine accepts) rotates the same:
+    forward against the float64 reference, backward against autograd through it, both paths."""
+    t = randn((5, 3, 2, 20), dtype, 0)
+    grad = randn((5, 3, 2, 20), dtype, 1)
+    freqs = 3 * randn((9, 1, 1, 12), torch.float32, 2)  # halves differ; 8 channels pass through
+    t64 = t.double().requires_grad_(True)
+    ref = rope_reference(t64, freqs, "sbhd")
+    ref.backward(grad.double())
+    for whole in (True, False):
+        for backward, want in ((False, ref.detach()), (True, t64.grad)):
+            out = torch.full_like(t, float("nan"))
+            rope_2d(grad if backward else t, freqs, "sbhd", backward=backward, out=out,
+                    config={"whole_rows": whole})
+            assert_rope_close(out, want, dtype, f"whole_rows={whole} backward={backward}")
+
+
 def test_narrow_rounds():
     assert [r2._narrow_rounds(n, 256) for n in (1, 2, 256, 257, 65536, 65537)] == [1, 1, 1, 2, 2, 3]
     assert [r2._narrow_rounds(n, 2) for n in (1, 2, 3, 4, 5, 1024)] == [1, 1, 2, 2, 3, 10]
