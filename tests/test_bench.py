@@ -239,5 +239,15 @@ def test_host_ahead_timing_leaves_out_a_launch_slower_than_the_flush():
             pass
         x.add_(1)
 
-    plain, ahead = bench.time_ms(slow_launch), bench.time_ms_host_ahead(slow_launch)
-    assert ahead < 0.02 < plain, (ahead, plain)  # milliseconds
+    # The premise needs the flush to take less than the 150 us of Python: with other processes
+    # on the GPU (the suite's xdist workers) a flush can take longer, and then do_bench's loop
+    # stays ahead as well (once in a 1714-test run on an H100; alone it passed 3 of 3). Three
+    # tries: a timer that never leaves the launch out, or a do_bench that never includes it,
+    # still fails.
+    tries = []
+    for _ in range(3):
+        plain, ahead = bench.time_ms(slow_launch), bench.time_ms_host_ahead(slow_launch)
+        tries.append((ahead, plain))
+        if ahead < 0.02 < plain:  # milliseconds
+            break
+    assert ahead < 0.02 < plain, tries
