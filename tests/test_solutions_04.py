@@ -180,3 +180,33 @@ def test_ideal_time_matches_the_recorded_benchmark():
                              tensor_format=row.tensor_format)
         assert math.isclose(res["bytes"], row.gbps * row.ms * 1e6, rel_tol=1e-4), row
         assert res["us"] <= row.ms * 1e3 * 1.0001, row  # nothing beats the copy
+
+
+# ---------------------------------------------------------------- exercise 4: whole_row_rotate
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 10, 4])
+def test_whole_row_rotate_matches_the_reference_and_its_transpose(rotary_dim):
+    """Forward against rope_reference (float64, partial rotary, a table whose halves differ),
+    backward against autograd through the forward, and the kernel's whole-row path against both."""
+    from rope_kernels import rope_reference
+
+    t = randn((6, 2, 3, 16), torch.float64, 0)
+    grad = randn((6, 2, 3, 16), torch.float64, 1)
+    freqs = 3 * randn((6, 1, 1, rotary_dim), torch.float64, 2)
+    y = sol.whole_row_rotate(t, freqs)
+    torch.testing.assert_close(y, rope_reference(t, freqs, "sbhd"), rtol=1e-12, atol=1e-12)
+    t_req = t.clone().requires_grad_(True)
+    sol.whole_row_rotate(t_req, freqs).backward(grad)
+    dx = sol.whole_row_rotate(grad, freqs, backward=True)
+    torch.testing.assert_close(dx, t_req.grad, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(dx, sol.whole_row_rotate(grad, freqs))  # the transpose differs
+    k = rope_2d(t.float(), freqs.float(), "sbhd", config={"whole_rows": True})
+    torch.testing.assert_close(k.double(), y, rtol=1e-5, atol=1e-5)
+    kb = rope_2d(grad.float(), freqs.float(), "sbhd", backward=True, config={"whole_rows": True})
+    torch.testing.assert_close(kb.double(), dx, rtol=1e-5, atol=1e-5)
+
+
+def test_whole_row_rotate_rejects_a_bad_rotary_dim():
+    with pytest.raises(ValueError, match="rotary_dim"):
+        sol.whole_row_rotate(torch.ones(2, 8), torch.ones(2, 5))

@@ -8,6 +8,7 @@ Exercise 1: ``launch_plan``     the grid and config ``rope_2d`` picks for a shap
 Exercise 2: ``check_config``    run ``rope_2d`` with a given tile on partial tiles and check that
                                 every element is right and nothing outside the output is written.
 Exercise 3: ``ideal_time``      the bytes a RoPE call must move, and its time at copy bandwidth.
+Exercise 4: ``whole_row_rotate`` section 3.8's whole-row rotation in PyTorch, forward and backward.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["launch_plan", "check_config", "ideal_time"]
+__all__ = ["launch_plan", "check_config", "ideal_time", "whole_row_rotate"]
 
 
 def _next_pow2(n: int) -> int:
@@ -198,3 +199,38 @@ def ideal_time(shape, dtype="bf16", rotary_dim: Optional[int] = None,
         table_rows = shape[1] if tensor_format == "bshd" else shape[0]
     nbytes = 2 * math.prod(shape) * size + table_rows * rotary_dim * 4
     return dict(bytes=nbytes, us=nbytes / (copy_gbps * 1e9) * 1e6)
+
+
+def whole_row_rotate(x: torch.Tensor, angles: torch.Tensor, backward: bool = False) -> torch.Tensor:
+    """Exercise 4: the whole-row rotation of section 3.8 in PyTorch (half-split pairs).
+
+    ``y[c] = x[c] * cos(theta[c]) + x[partner(c)] * s[c]`` for every channel ``c`` of a row, with
+    ``partner(c)`` = ``c + d2/2`` in the first half of the ``d2 = rotary_dim`` rotated channels,
+    ``c - d2/2`` in the second and ``c`` past them; ``s[c]`` = ``-sin(theta[c])`` in the first
+    half, ``+sin(theta[c])`` in the second, 0 past them (where ``cos`` is taken as 1). The backward
+    (the vector-Jacobian product, the transpose) takes the *partner's* signed sine, which has the
+    other sign: ``dx[c] = dy[c] * cos(theta[c]) + dy[partner(c)] * s[partner(c)]`` (``partner``
+    is its own inverse, so channel c's input reaches exactly outputs c and partner(c)).
+
+    Args:
+        x: ``[..., head_dim]`` (the rows), or the gradient of the output for ``backward``.
+        angles: ``[..., rotary_dim]`` angles, broadcastable against ``x``'s leading axes (a
+            TransformerEngine ``freqs`` table; its two halves may differ).
+        backward: the transpose instead of the forward.
+
+    Returns a new tensor like ``x``, computed in ``x``'s dtype.
+    """
+    head_dim, rotary_dim = x.shape[-1], angles.shape[-1]
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"angles.shape[-1] (rotary_dim) must be even and <= head_dim={head_dim}, "
+                         f"got {rotary_dim}")
+    half = rotary_dim // 2
+    c = torch.arange(head_dim, device=x.device)
+    partner = torch.where(c < half, c + half, torch.where(c < rotary_dim, c - half, c))
+    sign = torch.where(c < half, -1.0, torch.where(c < rotary_dim, 1.0, 0.0)).to(x.dtype)
+    # Past rotary_dim the angle is 0: cos 1, and the sign 0 removes the partner's term.
+    theta = torch.nn.functional.pad(angles.to(x.dtype), (0, head_dim - rotary_dim))
+    s = sign * theta.sin()
+    if backward:
+        s = s[..., partner]
+    return x * theta.cos() + x[..., partner] * s
