@@ -45,6 +45,8 @@ SHAPES = {
     "sbhd fp16": dict(dtype="fp16"),
     "bshd half rotary": dict(tensor_format="bshd", rotary_percent=0.5),
     "bshd 8 heads": dict(tensor_format="bshd", heads=8),
+    "bshd 16 heads": dict(tensor_format="bshd", heads=16),
+    "sbhd 16 heads": dict(heads=16),
     "bshd s8192": dict(tensor_format="bshd", seq_len=8192),
     "bshd batch 1": dict(tensor_format="bshd", batch=1),
     "bshd batch 4": dict(tensor_format="bshd", batch=4),
