@@ -567,16 +567,18 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       and 0.888 -> 0.927 of copy forward, 0.888 -> 0.911 backward at 64; at 4 KB rows (32 heads)
       1 and 2 warps were level (within 0.4 points), and with the pre-pass (more sequences) the same
       tile on 1 warp moved -1.3 to +0.1.
-    - ``whole_rows`` (WHOLE_ROWS): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES
-      (head_dim 128 and up) keep the tile chosen above, in place too, but move it as whole rows
-      (each row loaded once, its channels' partners again from L1, one store) on twice its warps
-      (at most 8). In an A/B on an H100 (figures/rope2d_whole_rows.json, 5 shuffled rounds)
-      this ran at 1.002-1.016 of the pairs' speed at the shapes it covers, forward and backward,
-      but two: bshd with 8 heads forward (0.997; 1.007 in an earlier run) and batch 1 backward
-      (0.997; a 64 MB problem). Neither half of the change alone was as steady: pairs on twice
-      the warps lost 4-5% in sbhd forward, up to 2.7% at 8 heads and 4% in place; whole rows on
-      the old warps were behind the pairs at head_dim 256 and at 8 heads forward. fp32 rows and
-      128 B rows were level or mixed there and keep the pairs.
+    - ``whole_rows`` (WHOLE_ROWS, off by default): on a GPU, 16-bit half-split rows of at least
+      WHOLE_ROW_BYTES (head_dim 128 and up) keep the tile chosen above, in place too, but move it
+      as whole rows (each row loaded once, its channels' partners again from L1, one store) on
+      twice its warps (at most 8). It depends on the card. On an H100 (figures/rope2d_whole_rows.json,
+      5 shuffled rounds) it ran at 1.002-1.016 of the pairs' speed at 26 of the 28 points it
+      covers and 0.997 at two; on an H200 (figures/rope2d_whole_rows_h200.json, 3 rounds) at
+      0.826-1.013, below 0.97 at 22 of the 32 points it covers (sbhd forward 0.908, bshd with 8 heads 0.857,
+      in place 0.830), and the full benchmark with it on lost up to 15% there. Whole rows on the
+      pairs' warps (``config={"whole_rows": True}`` with the tile's own ``num_warps``) were
+      0.960-1.020 of the pairs there, up to 1% ahead at most shapes but 2-4% behind in bshd
+      backward. So the pairs stay the default; ``rope_2d.WHOLE_ROWS = True`` (the rule above)
+      or a ``config`` with ``whole_rows`` opts in.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
@@ -599,13 +601,13 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     return cfg
 
 
-# Whole rows (``ROW``): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES are loaded
-# whole, their channels' partners again (the same lines, from L1), and stored in one piece, on
-# twice the warps of the pairs' tile. H100, shuffled rounds, fraction of copy, pairs -> whole rows
-# on twice the warps: scripts/rope2d_whole_rows.py, figures/rope2d_whole_rows.json. Rows of
-# 128 B (head_dim 64) and float32 rows stay with the pairs, as in rope_qk. False: the pairs'
-# tiles everywhere (for A/Bs).
-WHOLE_ROWS = True
+# Whole rows (``ROW``), with WHOLE_ROWS True: on a GPU, 16-bit half-split rows of at least
+# WHOLE_ROW_BYTES are loaded whole, their channels' partners again (the same lines, from L1), and
+# stored in one piece, on twice the warps of the pairs' tile (scripts/rope2d_whole_rows.py).
+# Off by default: 0.2-1.6% faster than the pairs on an H100, up to 17% slower on an H200
+# (figures/rope2d_whole_rows.json, figures/rope2d_whole_rows_h200.json; see default_config).
+# Rows of 128 B (head_dim 64) and float32 rows keep the pairs even when it is on.
+WHOLE_ROWS = False
 WHOLE_ROW_BYTES = 256
 
 

@@ -524,9 +524,10 @@ def _floor_pow2(n: int) -> int:
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU
-# Whole rows for 16-bit half-split pairs (``_whole_rows``); False: the pair tiles everywhere,
-# as before them (the A/B of scripts/qk_whole_rows.py).
-WHOLE_ROWS = True
+# Whole rows for 16-bit half-split pairs (``_whole_rows``), off by default: 0.1-3.0% faster than
+# the pair tiles on an H100, up to 11% slower on an H200 (scripts/qk_whole_rows.py,
+# figures/qk_whole_rows.json and figures/qk_whole_rows_h200.json; see default_config).
+WHOLE_ROWS = False
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -552,9 +553,13 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
-    Whole rows first (``_whole_rows``, ``whole_rows`` in the config): 16-bit half-split pairs
-    whose rows are 256 B or more, every table, in place or not. Against the pairs' tiles below
-    (scripts/qk_whole_rows.py, figures/qk_whole_rows.json: H100, 5 shuffled rounds, both tile
+    With ``WHOLE_ROWS`` on (off by default) whole rows come first (``_whole_rows``,
+    ``whole_rows`` in the config): 16-bit half-split pairs whose rows are 256 B or more, every
+    table, in place or not. They depend on the card. On an H200 (figures/qk_whole_rows_h200.json,
+    3 shuffled rounds) they were 0.893-1.021 of the pairs' speed, 4-11% behind at head_dim 256,
+    fp16 16q/4k and through Hugging Face's call, ahead only with half the head rotated through
+    Hugging Face's call (+1.8%) and at batch 1 backward. Against the pairs' tiles below on an H100
+    (scripts/qk_whole_rows.py, figures/qk_whole_rows.json: 5 shuffled rounds, both tile
     sets in one process) they were 0.1-3.0% faster at every such shape of the benchmark's q+k
     problems, forward and backward, but three: the cache in place at batch 1 (-1.1%, an 84 MB
     problem whose single medians fall on one of two levels, see docs/performance_notes.md),
