@@ -9,9 +9,10 @@ pairs) a program loads each row once, loads each channel's partner again (the sa
 L1), and stores the row in one piece: ``y[c] = x[c] * cos[c] + x[partner(c)] * sin[c]``, with
 the sine signed per half and cos 1, sin 0 past the rotary channels.
 
-Both sides are the package's rope_qk.py: as imported (whole rows) and a second copy of the file
-loaded as its own module with ``WHOLE_ROWS = False`` (its default tiles as before), both launched
-through the package's thin launch. Shuffled rounds at the benchmark's q+k shapes, forward and
+Both sides are the package's rope_qk.py: as imported, with ``WHOLE_ROWS = True`` (whole rows are
+off by default since an H200 measured them slower: figures/qk_whole_rows_h200.json), and a second
+copy of the file loaded as its own module with ``WHOLE_ROWS = False`` (the default tiles), both
+launched through the package's thin launch. Shuffled rounds at the benchmark's q+k shapes, forward and
 backward, and fused QKV, as a fraction of the run's 2 GB copy (``triton.testing.do_bench``
 median; bytes as the benchmark counts them).
 """
@@ -76,7 +77,8 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    assert rows.launch is _launch.thin_launch and rows.WHOLE_ROWS  # as the package runs
+    assert rows.launch is _launch.thin_launch  # as the package runs
+    rows.WHOLE_ROWS = True  # this process only: the whole-row side of the A/B
     pairs = pairs_module()
     copy = copy_bandwidth_gbps()
     result = {"provenance": provenance(copy, "qk_whole_rows"), "rounds": args.rounds,

@@ -4,10 +4,11 @@
 
 The same change as rope_qk's whole rows (scripts/qk_whole_rows.py) in the TransformerEngine-style
 kernel: with whole rows (``config={"whole_rows": True}``, the default for 16-bit half-split rows
-of at least ``WHOLE_ROW_BYTES`` on a GPU) a program loads each row of its tile once, loads each
-channel's partner again (the same lines, from L1) and stores the row in one piece, instead of the
-pairs' two halves and the channels past ``rotary_dim`` in three. Each shape's tile is the one
-``default_config`` chose before whole rows (``WHOLE_ROWS = False``), timed four ways: pairs and
+of at least ``WHOLE_ROW_BYTES`` on a GPU with ``WHOLE_ROWS = True``, off by default since an H200
+measured them slower: figures/rope2d_whole_rows_h200.json) a program loads each row of its tile
+once, loads each channel's partner again (the same lines, from L1) and stores the row in one
+piece, instead of the pairs' two halves and the channels past ``rotary_dim`` in three. Each
+shape's tile is the pairs' (``WHOLE_ROWS = False``), timed four ways: pairs and
 whole rows, each on its warps and on twice as many, so that the gain of each change shows
 alone. Shuffled rounds at the benchmark's TE shapes (sbhd, bshd, thd; 16-bit and fp32; forward and
 backward; partial rotary, 8 heads, small batches, short packed sequences, in place), as a fraction
@@ -74,12 +75,13 @@ def variants(p: Problem, in_place: bool) -> tuple:
                               p.tensor_format, in_place=in_place,
                               n_seqs=p.n_seqs if p.tensor_format == "thd" else None)
 
-    now = config()
+    now = config()  # with the package's WHOLE_ROWS, as a caller gets it
+    default_flag = rope_2d_module.WHOLE_ROWS
     rope_2d_module.WHOLE_ROWS = False
     try:
         before = config()
     finally:
-        rope_2d_module.WHOLE_ROWS = True
+        rope_2d_module.WHOLE_ROWS = default_flag
     warps = before["num_warps"]
     out = {}
     for whole in (False, True):
