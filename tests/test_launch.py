@@ -722,8 +722,8 @@ def test_thd_count_of_boundaries(n_seqs, seed):
 def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     """default_config's thd rule: 16-bit token rows of more than 1 KB and at most 2 KB run on one
     warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences); not with more
-    sequences, other rows, float32, or on the CPU. (The pairs' tiles: whole rows double the
-    warps, test_default_config_whole_rows.)"""
+    sequences, other rows, float32, or on the CPU. (The pairs' tiles, the default: whole rows
+    double the warps, test_default_config_whole_rows.)"""
     monkeypatch.setattr(r2, "WHOLE_ROWS", False)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     cfg = lambda heads, n_seqs, device=gpu, esize=2, d=128: r2.default_config(  # noqa: E731
@@ -739,10 +739,16 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
 
 
 def test_default_config_whole_rows(monkeypatch):
-    """On a GPU, 16-bit half-split rows of 256 B or more (head_dim 128 and up) keep the pairs'
-    tile, in place and in thd packs too, and move it as whole rows on twice its warps (at most
-    8); fp32, interleaved pairs, 128 B rows, the CPU and ``WHOLE_ROWS = False`` keep the pairs."""
+    """Whole rows are off by default (an H200 measured them slower): the GPU's default tiles are
+    the pairs'. With ``WHOLE_ROWS = True``, 16-bit half-split rows of 256 B or more (head_dim 128
+    and up) keep the pairs' tile, in place and in thd packs too, and move it as whole rows on
+    twice its warps (at most 8); fp32, interleaved pairs, 128 B rows and the CPU keep the pairs."""
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert r2.WHOLE_ROWS is False
+    assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd") == dict(
+        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=4, whole_rows=False)
+    assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "bshd", in_place=True) == dict(
+        block_s=1, block_b=1, block_h=8, group_b=1, num_warps=2, whole_rows=False)
 
     def cfg(*args, whole=True, **kw):
         monkeypatch.setattr(r2, "WHOLE_ROWS", whole)
@@ -774,7 +780,7 @@ def test_default_config_whole_rows(monkeypatch):
 
 
 def test_whole_rows_default_reaches_the_plan(monkeypatch):
-    """The default config's ``whole_rows`` gives the plan's ``ROW`` (the next power of two of
+    """A default config with ``whole_rows`` (as with ``WHOLE_ROWS = True``) gives the plan's ``ROW`` (the next power of two of
     head_dim, no separate channels past rotary_dim), and the rotation stays right."""
     monkeypatch.setattr(r2, "_PLANS", {})
     real = r2.default_config

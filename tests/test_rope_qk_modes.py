@@ -209,12 +209,14 @@ def test_default_config_loads_first(monkeypatch):
                                           128).get("loads_first")
 
 
-def test_default_config_whole_rows():
-    """16-bit half-split rows of 256 B or more take whole rows, for every table and in place too:
-    on a GPU 8 heads (fewer where q has fewer) x the tokens that fill 4 KB of input (8 KB for the
-    cos/sin cache) on 4 warps, one head block per program. fp32, interleaved pairs, rows of 128 B
-    and ``WHOLE_ROWS = False`` keep the pairs' tiles (scripts/qk_whole_rows.py measured whole
-    rows behind at head_dim 64)."""
+def test_default_config_whole_rows(monkeypatch):
+    """With ``WHOLE_ROWS`` on (off by default: an H200 measured them slower), 16-bit half-split
+    rows of 256 B or more take whole rows, for every table and in place too: on a GPU 8 heads
+    (fewer where q has fewer) x the tokens that fill 4 KB of input (8 KB for the cos/sin cache)
+    on 4 warps, one head block per program. fp32, interleaved pairs and rows of 128 B keep the
+    pairs' tiles (scripts/qk_whole_rows.py measured whole rows behind at head_dim 64)."""
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", True)
+
     def whole(block_s, block_h):
         return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
                     whole_rows=True)
@@ -243,13 +245,18 @@ def test_default_config_whole_rows():
 
 
 def test_whole_rows_switch(monkeypatch):
-    """``WHOLE_ROWS = False`` gives the pairs' tiles where whole rows would be taken, and the plan's
-    ``ROW`` follows the config: the next power of two of head_dim, 0 for interleaved pairs."""
+    """By default (``WHOLE_ROWS = False``) every entry point's tiles are the pairs', on a GPU and in
+    the interpreter; ``WHOLE_ROWS = True`` takes whole rows there, and the plan's ``ROW`` follows
+    the config: the next power of two of head_dim, 0 for interleaved pairs."""
+    assert rope_qk.WHOLE_ROWS is False
+    for angles in rope_qk.ANGLES.values():
+        for on_gpu in (True, False):
+            for in_place in (False, True):
+                args = (4096, 32, 8, 128, 2, on_gpu, False, angles, 128, in_place)
+                assert not rope_qk.default_config(*args).get("whole_rows"), args
     args = (4096, 32, 8, 128, 2, True, False, rope_qk.ANGLES["cache"], 128)
-    assert rope_qk.default_config(*args)["whole_rows"]
-    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
-    assert not rope_qk.default_config(*args).get("whole_rows")
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", True)
+    assert rope_qk.default_config(*args)["whole_rows"]
     monkeypatch.setattr(rope_qk, "_PLANS", {})
     query = randn((3, 2 * 80), torch.bfloat16, 0)
     key = randn((3, 80), torch.bfloat16, 1)

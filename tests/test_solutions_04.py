@@ -55,14 +55,18 @@ def _canonical_sizes(shape, fmt):
     return (n, 1, h, d)
 
 
+@pytest.mark.parametrize("whole_rows", [False, True])
 @pytest.mark.parametrize("on_gpu", [True, False])
 @pytest.mark.parametrize("shape,fmt,rotary_dim,esize,interleaved", SHAPES)
-def test_launch_plan_matches_default_config(on_gpu, shape, fmt, rotary_dim, esize, interleaved):
+def test_launch_plan_matches_default_config(monkeypatch, whole_rows, on_gpu, shape, fmt,
+                                            rotary_dim, esize, interleaved):
+    """The plan matches the package's rule, with whole rows off (the default) and on."""
+    monkeypatch.setattr(k2, "WHOLE_ROWS", whole_rows)
     s, b, h, d = _canonical_sizes(shape, fmt)
     device = torch.device("cuda", 7) if on_gpu else torch.device("cpu")  # only .type is read
     want = k2.default_config(s, b, h, d, rotary_dim, device, esize, interleaved, fmt)
     grid, cfg = sol.launch_plan(shape, fmt, rotary_dim, esize, interleaved,
-                                sm_count=132 if on_gpu else None)
+                                sm_count=132 if on_gpu else None, whole_rows=whole_rows)
     assert cfg == want
     b_blocks = math.ceil(b / want["block_b"])
     group = min(want["group_b"], b_blocks)
