@@ -574,7 +574,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       5 shuffled rounds) it ran at 1.002-1.016 of the pairs' speed at 26 of the 28 points it
       covers and 0.997 at two; on an H200 (figures/rope2d_whole_rows_h200.json, 3 rounds) at
       0.826-1.013, below 0.97 at 22 of the 32 points it covers (sbhd forward 0.908, bshd with 8 heads 0.857,
-      in place 0.830), and the full benchmark with it on lost up to 15% there. Whole rows on the
+      in place 0.830), and the full benchmark with it on lost up to 18% there. Whole rows on the
       pairs' warps (``config={"whole_rows": True}`` with the tile's own ``num_warps``) were
       0.960-1.020 of the pairs there, up to 1% ahead at most shapes but 2-4% behind in bshd
       backward. So the pairs stay the default; ``rope_2d.WHOLE_ROWS = True`` (the rule above)
