@@ -13,7 +13,9 @@ whole rows, each on its warps and on twice as many, so that the gain of each cha
 alone. Shuffled rounds at the benchmark's TE shapes (sbhd, bshd, thd; 16-bit and fp32; forward and
 backward; partial rotary, 8 heads, small batches, short packed sequences, in place), as a fraction
 of the run's 2 GB copy (``triton.testing.do_bench`` median; bytes as the benchmark counts them).
-``default`` in each row names the variant that ``default_config`` takes now.
+``default`` in each row names the variant that the whole-rows rule (``WHOLE_ROWS = True``) takes,
+which was ``default_config``'s default when figures/rope2d_whole_rows.json (H100) and
+figures/rope2d_whole_rows_h200.json (H200) were recorded; the default is now the pairs.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ SHAPES = {
 
 
 def variants(p: Problem, in_place: bool) -> tuple:
-    """(name -> config for rope_2d, the name of the one default_config takes now): the tile that
-    default_config chose before whole rows, with pairs and with whole rows, each on its warps
-    and on twice as many."""
+    """(name -> config for rope_2d, the name of the one the whole-rows rule takes): the pairs'
+    tile that default_config chooses, with pairs and with whole rows, each on its warps and on
+    twice as many."""
     t = p.t
     canon = {"sbhd": t.shape, "bshd": (t.shape[1], t.shape[0], *t.shape[2:]),
              "thd": (t.shape[0], 1, *t.shape[1:])}[p.tensor_format]
@@ -75,11 +77,12 @@ def variants(p: Problem, in_place: bool) -> tuple:
                               p.tensor_format, in_place=in_place,
                               n_seqs=p.n_seqs if p.tensor_format == "thd" else None)
 
-    now = config()  # with the package's WHOLE_ROWS, as a caller gets it
     default_flag = rope_2d_module.WHOLE_ROWS
-    rope_2d_module.WHOLE_ROWS = False
     try:
-        before = config()
+        rope_2d_module.WHOLE_ROWS = True
+        now = config()  # the whole-rows rule (the opt-in; the default when the records were made)
+        rope_2d_module.WHOLE_ROWS = False
+        before = config()  # the pairs' tile, the default now
     finally:
         rope_2d_module.WHOLE_ROWS = default_flag
     warps = before["num_warps"]
