@@ -879,8 +879,8 @@ def rope_2d(
             on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
             programmatic dependent launch of the main kernel; None = on where the GPU has it)
             and ``whole_rows`` (half-split pairs: each row loaded and stored in one piece, the
-            channels' partners loaded again from L1; on by default for 16-bit rows of 256 B or
-            more on a GPU, see ``default_config``).
+            channels' partners loaded again from L1; off by default, and with ``WHOLE_ROWS``
+            on taken for 16-bit rows of 256 B or more on a GPU, see ``default_config``).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 
