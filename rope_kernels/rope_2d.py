@@ -567,18 +567,23 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       and 0.888 -> 0.927 of copy forward, 0.888 -> 0.911 backward at 64; at 4 KB rows (32 heads)
       1 and 2 warps were level (within 0.4 points), and with the pre-pass (more sequences) the same
       tile on 1 warp moved -1.3 to +0.1.
-    - ``whole_rows`` (WHOLE_ROWS, off by default): on a GPU, 16-bit half-split rows of at least
-      WHOLE_ROW_BYTES (head_dim 128 and up) keep the tile chosen above, in place too, but move it
-      as whole rows (each row loaded once, its channels' partners again from L1, one store) on
-      twice its warps (at most 8). It depends on the card. On an H100 (figures/rope2d_whole_rows.json,
-      5 shuffled rounds) it ran at 1.002-1.016 of the pairs' speed at 26 of the 28 points it
-      covers and 0.997 at two; on an H200 (figures/rope2d_whole_rows_h200.json, 3 rounds) at
-      0.826-1.013, below 0.97 at 22 of the 32 points it covers (sbhd forward 0.908, bshd with 8 heads 0.857,
-      in place 0.830), and the full benchmark with it on lost up to 18% there. Whole rows on the
-      pairs' warps (``config={"whole_rows": True}`` with the tile's own ``num_warps``) were
-      0.960-1.020 of the pairs there, up to 1% ahead at most shapes but 2-4% behind in bshd
-      backward. So the pairs stay the default; ``rope_2d.WHOLE_ROWS = True`` (the rule above)
-      or a ``config`` with ``whole_rows`` opts in.
+    - ``whole_rows``: on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES (head_dim 128
+      and up) in sbhd and thd (WHOLE_ROW_FORMATS) keep the tile and warps chosen above, in place
+      too, but move it as whole rows: each row loaded once, its channels' partners again (the
+      same lines, from L1), one store, where the pairs' tile loads and stores two halves (and
+      the channels past ``rotary_dim`` a third piece). On an H200 (2026-11-26, 5 shuffled
+      rounds, figures/rope2d_whole_rows_sbhd_thd_h200.json) they ran at 1.003-1.011 of the
+      pairs' speed at 34 of 40 sbhd and thd points (forward and backward; 1.030-1.035 with half
+      the head rotated; TE's default sbhd 0.977 -> 0.985 of copy), level at 3 (head_dim 256, thd
+      in 64 sequences of 8 heads forward, -0.3 to +0.0%) and behind only at sbhd batch 1
+      backward (-1.9%, an 84 MB problem whose single medians fall on one of two levels, see
+      docs/performance_notes.md). On an H100 the same sbhd and thd points were 1.005-1.014
+      (figures/rope2d_whole_rows.json, 5 rounds; head_dim 256 -0.1%). bshd keeps the pairs: there
+      whole rows lost 2-4% backward on the H200 (figures/rope2d_whole_rows_h200.json).
+      ``WHOLE_ROWS = True`` takes whole rows in every format, on twice the tile's warps (at most
+      8): 1.002-1.016 of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200
+      (below 0.97 at 22 of 32 points; the full benchmark with it lost up to 18% there), so it is
+      off. A ``config`` with ``whole_rows`` chooses per call.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
@@ -594,20 +599,25 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
                 and n_seqs <= TOKEN_ROWS_ABOVE and element_size == 2
                 and 1024 < heads * head_dim * element_size <= 2048):
             cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
-    cfg["whole_rows"] = (WHOLE_ROWS and on_gpu and element_size == 2 and not interleaved
-                         and head_dim * element_size >= WHOLE_ROW_BYTES)
-    if cfg["whole_rows"]:
+    whole = (on_gpu and element_size == 2 and not interleaved
+             and head_dim * element_size >= WHOLE_ROW_BYTES)
+    if whole and WHOLE_ROWS:
+        cfg["whole_rows"] = True
         cfg["num_warps"] = min(8, 2 * cfg["num_warps"])  # the same tile on twice the warps
+    else:
+        cfg["whole_rows"] = whole and tensor_format in WHOLE_ROW_FORMATS  # on the tile's warps
     return cfg
 
 
-# Whole rows (``ROW``), with WHOLE_ROWS True: on a GPU, 16-bit half-split rows of at least
-# WHOLE_ROW_BYTES are loaded whole, their channels' partners again (the same lines, from L1), and
-# stored in one piece, on twice the warps of the pairs' tile (scripts/rope2d_whole_rows.py).
-# Off by default: 0.2-1.6% faster than the pairs on an H100, up to 17% slower on an H200
-# (figures/rope2d_whole_rows.json, figures/rope2d_whole_rows_h200.json; see default_config).
-# Rows of 128 B (head_dim 64) and float32 rows keep the pairs even when it is on.
+# Whole rows (``ROW``): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES are loaded
+# whole, their channels' partners again (the same lines, from L1), and stored in one piece. By
+# default in WHOLE_ROW_FORMATS, on the pairs' tile and warps: 0.3-1.1% faster than the pairs in
+# sbhd and thd on an H200 and an H100, mixed in bshd (figures/rope2d_whole_rows_sbhd_thd_h200.json,
+# figures/rope2d_whole_rows.json, figures/rope2d_whole_rows_h200.json; see default_config).
+# WHOLE_ROWS True takes them in every format on twice the warps: faster on an H100, up to 17%
+# slower on an H200. Rows of 128 B (head_dim 64) and float32 rows keep the pairs.
 WHOLE_ROWS = False
+WHOLE_ROW_FORMATS = ("sbhd", "thd")
 WHOLE_ROW_BYTES = 256
 
 
@@ -879,8 +889,8 @@ def rope_2d(
             on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
             programmatic dependent launch of the main kernel; None = on where the GPU has it)
             and ``whole_rows`` (half-split pairs: each row loaded and stored in one piece, the
-            channels' partners loaded again from L1; off by default, and with ``WHOLE_ROWS``
-            on taken for 16-bit rows of 256 B or more on a GPU, see ``default_config``).
+            channels' partners loaded again from L1; by default on a GPU for 16-bit sbhd and
+            thd rows of 256 B or more, see ``default_config``).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 

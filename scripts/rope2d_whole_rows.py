@@ -1,21 +1,27 @@
 """Whole-row tiles in rope_2d against its pairs' tiles (GPU only).
 
     python scripts/rope2d_whole_rows.py [--out figures/rope2d_whole_rows.json] [--rounds 5]
+    python scripts/rope2d_whole_rows.py --set sbhd-thd [--out figures/rope2d_whole_rows_sbhd_thd_h200.json]
 
 The same change as rope_qk's whole rows (scripts/qk_whole_rows.py) in the TransformerEngine-style
-kernel: with whole rows (``config={"whole_rows": True}``, the default for 16-bit half-split rows
-of at least ``WHOLE_ROW_BYTES`` on a GPU with ``WHOLE_ROWS = True``, off by default since an H200
-measured them slower: figures/rope2d_whole_rows_h200.json) a program loads each row of its tile
+kernel: with whole rows (``config={"whole_rows": True}``) a program loads each row of its tile
 once, loads each channel's partner again (the same lines, from L1) and stores the row in one
-piece, instead of the pairs' two halves and the channels past ``rotary_dim`` in three. Each
-shape's tile is the pairs' (``WHOLE_ROWS = False``), timed four ways: pairs and
-whole rows, each on its warps and on twice as many, so that the gain of each change shows
-alone. Shuffled rounds at the benchmark's TE shapes (sbhd, bshd, thd; 16-bit and fp32; forward and
-backward; partial rotary, 8 heads, small batches, short packed sequences, in place), as a fraction
-of the run's 2 GB copy (``triton.testing.do_bench`` median; bytes as the benchmark counts them).
-``default`` in each row names the variant that the whole-rows rule (``WHOLE_ROWS = True``) takes,
-which was ``default_config``'s default when figures/rope2d_whole_rows.json (H100) and
-figures/rope2d_whole_rows_h200.json (H200) were recorded; the default is now the pairs.
+piece, instead of the pairs' two halves and the channels past ``rotary_dim`` in three.
+
+``--set all`` (the default): each shape's tile, timed four ways: pairs and whole rows, each on
+the tile's warps and on twice as many, so that the gain of each change shows alone. Shuffled
+rounds at the benchmark's TE shapes (sbhd, bshd, thd; 16-bit and fp32; forward and backward;
+partial rotary, 8 heads, small batches, short packed sequences, in place), as a fraction of the
+run's 2 GB copy (``triton.testing.do_bench`` median; bytes as the benchmark counts them).
+``default`` in each row names the variant that ``WHOLE_ROWS = True`` takes (whole rows in every
+format on twice the warps), which was ``default_config``'s default when
+figures/rope2d_whole_rows.json (H100) and figures/rope2d_whole_rows_h200.json (H200) were
+recorded.
+
+``--set sbhd-thd``: the rule that is the default now (whole rows on the tile's own warps, sbhd
+and thd only) against the pairs, at more sbhd and thd shapes, and on one warp for thd tiles of 8
+heads; ``default`` names the variant ``default_config`` takes with ``WHOLE_ROWS = False``.
+figures/rope2d_whole_rows_sbhd_thd_h200.json (H200) is that set.
 """
 
 from __future__ import annotations
@@ -63,11 +69,31 @@ SHAPES = {
     "bshd head_dim 64": dict(tensor_format="bshd", head_dim=64),
 }
 
+# --set sbhd-thd: the formats whose default is whole rows on the tile's own warps
+SHAPES_SBHD_THD = {
+    "sbhd": {}, "sbhd fp16": dict(dtype="fp16"), "sbhd 16 heads": dict(heads=16),
+    "sbhd 8 heads": dict(heads=8), "sbhd batch 1": dict(batch=1), "sbhd batch 4": dict(batch=4),
+    "sbhd half rotary": dict(rotary_percent=0.5), "sbhd in place": dict(in_place=True),
+    "sbhd s8192": dict(seq_len=8192), "sbhd head_dim 256": dict(head_dim=256, heads=16),
+    "thd 4096 seqs": dict(tensor_format="thd", n_seqs=4096),
+    "thd 4096 seqs fp16": dict(tensor_format="thd", n_seqs=4096, dtype="fp16"),
+    "thd 4096 seqs half rotary": dict(tensor_format="thd", n_seqs=4096, rotary_percent=0.5),
+    "thd 4096 seqs in place": dict(tensor_format="thd", n_seqs=4096, in_place=True),
+    "thd 16 seqs": dict(tensor_format="thd", n_seqs=16),
+    "thd 64 seqs, 8 heads": dict(tensor_format="thd", seq_len=4096, batch=32, heads=8, n_seqs=64),
+    "thd 16384 x 8, 8 heads": dict(tensor_format="thd", seq_len=8, batch=16384, heads=8),
+    "thd 65536 x 4, 8 heads": dict(tensor_format="thd", seq_len=4, batch=65536, heads=8),
+    "thd 16384 x 8, 32 heads": dict(tensor_format="thd", seq_len=8, batch=16384),
+    "thd 16384 seqs, 8 heads": dict(tensor_format="thd", seq_len=4096, batch=32, heads=8,
+                                    n_seqs=16384),
+}
 
-def variants(p: Problem, in_place: bool) -> tuple:
-    """(name -> config for rope_2d, the name of the one the whole-rows rule takes): the pairs'
-    tile that default_config chooses, with pairs and with whole rows, each on its warps and on
-    twice as many."""
+
+def variants(p: Problem, in_place: bool, which: str = "all") -> tuple:
+    """(name -> config for rope_2d, the name of the default): the tile that default_config
+    chooses, with pairs and with whole rows. ``all``: each on its warps and on twice as many;
+    the default named is ``WHOLE_ROWS = True``'s. ``sbhd-thd``: on its warps (and whole rows on
+    one warp where a thd tile of 8 heads has two); the default named is the package's."""
     t = p.t
     canon = {"sbhd": t.shape, "bshd": (t.shape[1], t.shape[0], *t.shape[2:]),
              "thd": (t.shape[0], 1, *t.shape[1:])}[p.tensor_format]
@@ -82,16 +108,24 @@ def variants(p: Problem, in_place: bool) -> tuple:
         rope_2d_module.WHOLE_ROWS = True
         now = config()  # the whole-rows rule (the opt-in; the default when the records were made)
         rope_2d_module.WHOLE_ROWS = False
-        before = config()  # the pairs' tile, the default now
+        before = config()  # the package's default: the tile on its own warps
     finally:
         rope_2d_module.WHOLE_ROWS = default_flag
     warps = before["num_warps"]
     out = {}
-    for whole in (False, True):
-        for w in (warps, 2 * warps):
-            if w <= 8:
-                name = ("whole rows" if whole else "pairs") + (f", {w} warps" if w != warps else "")
-                out[name] = dict(before, whole_rows=whole, num_warps=w)
+    if which == "sbhd-thd":
+        out["pairs"] = dict(before, whole_rows=False)
+        out["whole rows"] = dict(before, whole_rows=True)
+        if p.tensor_format == "thd" and p.heads == 8 and warps == 2:
+            out["whole rows, 1 warp"] = dict(before, whole_rows=True, num_warps=1)
+        now = before
+    else:
+        for whole in (False, True):
+            for w in (warps, 2 * warps):
+                if w <= 8:
+                    name = (("whole rows" if whole else "pairs")
+                            + (f", {w} warps" if w != warps else ""))
+                    out[name] = dict(before, whole_rows=whole, num_warps=w)
     default = [name for name, cfg in out.items() if cfg == now]
     assert len(default) == 1, (now, out)
     return out, default[0]
@@ -101,17 +135,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--set", choices=("all", "sbhd-thd"), default="all",
+                        help="all: the four variants at every format; sbhd-thd: the default "
+                             "rule against the pairs at more sbhd and thd shapes")
     args = parser.parse_args(argv)
     copy = copy_bandwidth_gbps()
     result = {"provenance": provenance(copy, "rope2d_whole_rows"), "rounds": args.rounds,
               "rows": {}}
-    result["provenance"]["command"] = "python scripts/rope2d_whole_rows.py"
+    result["provenance"]["command"] = ("python scripts/rope2d_whole_rows.py"
+                                       + (f" --set {args.set}" if args.set != "all" else ""))
     start = time.time()
-    for name, kw in SHAPES.items():
+    shapes = SHAPES_SBHD_THD if args.set == "sbhd-thd" else SHAPES
+    for name, kw in shapes.items():
         kw = dict(kw)
         in_place = kw.pop("in_place", False)
         p = Problem(**kw)
-        configs, default = variants(p, in_place)
+        configs, default = variants(p, in_place, args.set)
         for direction in ("forward", "backward"):
             x = p.grad if direction == "backward" else p.t
             ref = rope_2d(x, p.freqs, p.tensor_format, cu_seqlens=p.cu_seqlens,

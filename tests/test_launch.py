@@ -722,8 +722,8 @@ def test_thd_count_of_boundaries(n_seqs, seed):
 def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     """default_config's thd rule: 16-bit token rows of more than 1 KB and at most 2 KB run on one
     warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences); not with more
-    sequences, other rows, float32, or on the CPU. (The pairs' tiles, the default: whole rows
-    double the warps, test_default_config_whole_rows.)"""
+    sequences, other rows, float32, or on the CPU. (With ``WHOLE_ROWS`` off, the default; on, it
+    doubles the warps, test_default_config_whole_rows.)"""
     monkeypatch.setattr(r2, "WHOLE_ROWS", False)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     cfg = lambda heads, n_seqs, device=gpu, esize=2, d=128: r2.default_config(  # noqa: E731
@@ -739,44 +739,65 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
 
 
 def test_default_config_whole_rows(monkeypatch):
-    """Whole rows are off by default (an H200 measured them slower): the GPU's default tiles are
-    the pairs'. With ``WHOLE_ROWS = True``, 16-bit half-split rows of 256 B or more (head_dim 128
-    and up) keep the pairs' tile, in place and in thd packs too, and move it as whole rows on
-    twice its warps (at most 8); fp32, interleaved pairs, 128 B rows and the CPU keep the pairs."""
+    """By default (``WHOLE_ROWS = False``) 16-bit half-split sbhd and thd rows of 256 B or more
+    (head_dim 128 and up) on a GPU keep the pairs' tile and warps and move them as whole rows, in
+    place and with partial rotary too; bshd, fp32, interleaved pairs, 128 B rows and the CPU
+    keep the pairs. With ``WHOLE_ROWS = True`` every format takes whole rows on twice the
+    tile's warps (at most 8)."""
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert r2.WHOLE_ROWS is False
+    assert r2.WHOLE_ROW_FORMATS == ("sbhd", "thd")
+    # TE's default shape, sbhd bf16: the 2 x 16-head tile of 8 KB on 4 warps, as whole rows.
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd") == dict(
-        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=4, whole_rows=False)
+        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=4, whole_rows=True)
+    # bshd in place: one position's 8 heads on 2 warps, as pairs.
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "bshd", in_place=True) == dict(
         block_s=1, block_b=1, block_h=8, group_b=1, num_warps=2, whole_rows=False)
 
-    def cfg(*args, whole=True, **kw):
+    def cfg(*args, whole=False, **kw):
         monkeypatch.setattr(r2, "WHOLE_ROWS", whole)
         return r2.default_config(*args, **kw)
 
-    # TE's default shape, sbhd bf16: the 2 x 16-head tile of 8 KB, 8 warps instead of 4.
-    assert cfg(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd") == dict(
-        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=8, whole_rows=True)
-    # bshd in place: one position's 8 heads, 4 warps instead of 2.
-    assert cfg(4096, 16, 32, 128, 128, gpu, 2, False, "bshd", in_place=True) == dict(
-        block_s=1, block_b=1, block_h=8, group_b=1, num_warps=4, whole_rows=True)
-    # thd pack of 64 sequences with 8 heads: the 1-warp rule's tile on 2.
-    assert cfg(131072, 1, 8, 128, 128, gpu, 2, False, "thd", n_seqs=64)["num_warps"] == 2
-    for args, kw in (((4096, 16, 32, 128, 64, gpu, 2, False, "bshd"), {}),  # partial rotary
-                     ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}),  # 2 KB rows
+    def pairs_of(config):
+        return dict(config, whole_rows=False)
+
+    # The default: sbhd and thd as whole rows on the pairs' warps (the 1-warp thd rule's tile
+    # stays on 1 warp).
+    assert cfg(131072, 1, 8, 128, 128, gpu, 2, False, "thd", n_seqs=64)["num_warps"] == 1
+    for args, kw in (((4096, 16, 32, 128, 128, gpu, 2, False, "sbhd"), {}),
+                     ((4096, 16, 32, 128, 64, gpu, 2, False, "sbhd"), {}),  # partial rotary
+                     ((4096, 16, 32, 128, 128, gpu, 2, False, "sbhd"), {"in_place": True}),
                      ((4096, 16, 16, 256, 256, gpu, 2, False, "sbhd"), {}),
                      ((65536, 1, 32, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 4096}),
+                     ((131072, 1, 8, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 64}),
+                     ((1, 64, 32, 128, 128, gpu, 2, False, "sbhd"), {})):  # decode
+        default = cfg(*args, **kw)
+        assert default["whole_rows"] is True, args
+        # With the flag on: the same tile as whole rows on twice the warps.
+        assert cfg(*args, whole=True, **kw) == dict(
+            default, num_warps=min(8, 2 * default["num_warps"])), args
+    # bshd keeps the pairs by default; the flag turns whole rows on there, on twice the warps.
+    for args, kw in (((4096, 16, 32, 128, 64, gpu, 2, False, "bshd"), {}),  # partial rotary
+                     ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}),  # 2 KB rows
+                     ((4096, 16, 32, 128, 128, gpu, 2, False, "bshd"), {"in_place": True}),
                      ((1, 64, 32, 128, 128, gpu, 2, False, "bshd"), {})):  # decode
-        pairs = cfg(*args, whole=False, **kw)
-        assert pairs["whole_rows"] is False
-        assert cfg(*args, **kw) == dict(pairs, whole_rows=True,
-                                        num_warps=min(8, 2 * pairs["num_warps"])), args
-    for args in ((4096, 16, 32, 128, 128, gpu, 4, False, "bshd"),  # fp32
+        default = cfg(*args, **kw)
+        assert default["whole_rows"] is False, args
+        assert cfg(*args, whole=True, **kw) == dict(
+            default, whole_rows=True, num_warps=min(8, 2 * default["num_warps"])), args
+    # Never whole rows: fp32, interleaved pairs, 128 B rows, the interpreter.
+    for args in ((4096, 16, 32, 128, 128, gpu, 4, False, "sbhd"),  # fp32
+                 (4096, 16, 32, 128, 128, gpu, 4, False, "thd"),
                  (4096, 16, 32, 128, 128, gpu, 2, True, "sbhd"),  # interleaved
-                 (4096, 16, 32, 64, 64, gpu, 2, False, "bshd"),  # 128 B rows
+                 (4096, 16, 32, 64, 64, gpu, 2, False, "sbhd"),  # 128 B rows
+                 (4096, 16, 32, 64, 64, gpu, 2, False, "thd"),
                  (4096, 16, 32, 128, 128, cpu, 2, False, "sbhd")):  # the interpreter
-        assert cfg(*args) == cfg(*args, whole=False), args
-        assert cfg(*args)["whole_rows"] is False
+        assert cfg(*args, whole=True) == cfg(*args) == pairs_of(cfg(*args)), args
+    # The whole-row default keeps the pairs' tile: only the flag differs from the pairs' rule.
+    monkeypatch.setattr(r2, "WHOLE_ROW_FORMATS", ())
+    pairs = r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd")
+    monkeypatch.undo()
+    assert pairs_of(r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd")) == pairs
 
 
 def test_whole_rows_default_reaches_the_plan(monkeypatch):

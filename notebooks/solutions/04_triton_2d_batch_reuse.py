@@ -52,9 +52,10 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     * ``group_b``: 2 for other bshd tiles, else every batch block; 4 warps;
     * interleaved pairs of a contiguous tensor are read one word per pair, so they tile like
       half-split pairs (``interleaved`` changes nothing here);
-    * with ``whole_rows`` (``rope_2d.WHOLE_ROWS``, off by default), on a GPU, 16-bit half-split
-      rows of 256 B or more (head_dim 128 and up) move as whole rows on twice the warps, at most
-      8; interleaved pairs, fp32 and narrower rows keep the pairs;
+    * on a GPU, 16-bit half-split rows of 256 B or more (head_dim 128 and up) move as whole
+      rows: in sbhd and thd on the tile's own warps; with ``whole_rows`` (``rope_2d.WHOLE_ROWS``,
+      off by default) in every format, on twice the warps, at most 8; interleaved pairs, fp32
+      and narrower rows keep the pairs;
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
     ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
@@ -109,10 +110,10 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     b_blocks = _cdiv(batch, block_b)
     if group_b is None:
         group_b = max(1, b_blocks)
-    whole_rows = (whole_rows and on_gpu and element_size == 2 and not interleaved
-                  and d * element_size >= 256)
-    if whole_rows:
+    rows_fit = on_gpu and element_size == 2 and not interleaved and d * element_size >= 256
+    if rows_fit and whole_rows:  # the opt-in: every format, twice the warps
         num_warps = min(8, 2 * num_warps)
+    whole_rows = rows_fit and (whole_rows or tensor_format in ("sbhd", "thd"))
     config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
                   num_warps=num_warps, whole_rows=whole_rows)
     group = min(group_b, b_blocks)
