@@ -572,12 +572,14 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       too, but move it as whole rows: each row loaded once, its channels' partners again (the
       same lines, from L1), one store, where the pairs' tile loads and stores two halves (and
       the channels past ``rotary_dim`` a third piece). On an H200 (2026-11-26, 5 shuffled
-      rounds, figures/rope2d_whole_rows_sbhd_thd_h200.json) they ran at 1.003-1.011 of the
-      pairs' speed at 34 of 40 sbhd and thd points (forward and backward; 1.030-1.035 with half
-      the head rotated; TE's default sbhd 0.977 -> 0.985 of copy), level at 3 (head_dim 256, thd
-      in 64 sequences of 8 heads forward, -0.3 to +0.0%) and behind only at sbhd batch 1
-      backward (-1.9%, an 84 MB problem whose single medians fall on one of two levels, see
-      docs/performance_notes.md). On an H100 the same sbhd and thd points were 1.005-1.014
+      rounds, figures/rope2d_whole_rows_sbhd_thd_h200.json) they ran at 1.004-1.011 of the
+      pairs' speed at 34 of 40 sbhd and thd points (forward and backward; TE's default sbhd
+      0.978 -> 0.985 of copy), 1.025-1.036 with half the head rotated in sbhd, 0.996-0.997 at
+      head_dim 256, and behind at two: thd in 64 sequences of 8 heads forward (-1.2%, +0.8%
+      backward) and sbhd batch 1 backward (-2.4%, +0.6% forward; an 84 MB problem whose single
+      medians fall on one of two levels, see docs/performance_notes.md). A probe in another
+      process of the same machine agreed within 0.9 points of the ratio at every point (-0.3%
+      and -1.9% at those two). On an H100 the same sbhd and thd points were 1.005-1.014
       (figures/rope2d_whole_rows.json, 5 rounds; head_dim 256 -0.1%). bshd keeps the pairs: there
       whole rows lost 2-4% backward on the H200 (figures/rope2d_whole_rows_h200.json).
       ``WHOLE_ROWS = True`` takes whole rows in every format, on twice the tile's warps (at most
