@@ -579,8 +579,11 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       backward) and sbhd batch 1 backward (-2.4%, +0.6% forward; an 84 MB problem whose single
       medians fall on one of two levels, see docs/performance_notes.md). A probe in another
       process of the same machine agreed within 0.9 points of the ratio at every point (-0.3%
-      and -1.9% at those two). On an H100 the same sbhd and thd points were 1.005-1.014
-      (figures/rope2d_whole_rows.json, 5 rounds; head_dim 256 -0.1%). bshd keeps the pairs: there
+      and -1.9% at those two). On an H100 (figures/rope2d_whole_rows_sbhd_thd_h100.json, the same script and code)
+      1.003-1.012 at 33 of the 40 points, 1.016-1.030 with half the head rotated, level at 4
+      (head_dim 256, sbhd 8 heads backward, batch 4 forward: -0.2 to +0.1%) and behind at sbhd
+      batch 1 forward (-1.6%, +0.7% backward); the earlier H100 A/B had 1.005-1.014 at the sbhd
+      and thd points it covers (figures/rope2d_whole_rows.json). bshd keeps the pairs: there
       whole rows lost 2-4% backward on the H200 (figures/rope2d_whole_rows_h200.json).
       ``WHOLE_ROWS = True`` takes whole rows in every format, on twice the tile's warps (at most
       8): 1.002-1.016 of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200
