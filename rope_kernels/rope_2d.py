@@ -236,24 +236,34 @@ def _row_partner(rotary_dim, INT64: tl.constexpr, ROW: tl.constexpr):
 
 @triton.jit
 def _cos_sin_row(freqs_ptr, pos, c, partner, rotary_dim, f_stride_s, f_stride_d, mask,
-                 BACKWARD: tl.constexpr, FAST_TRIG: tl.constexpr):
+                 BACKWARD: tl.constexpr, FAST_TRIG: tl.constexpr, GATHER_SINES: tl.constexpr,
+                 BLOCK_S: tl.constexpr, ROW: tl.constexpr):
     """Whole rows as ``y[c] = x[c] * cos[c] + x[partner(c)] * sin[c]``: every channel's cos and
-    signed sin, ``[..., ROW]`` (-sin in the first half of the rotary channels, +sin in the
+    signed sin, ``[BLOCK_S, ROW]`` (-sin in the first half of the rotary channels, +sin in the
     second; cos 1 and sin 0 past them). The backward is the transpose: the partner's term takes
-    the partner's sine, with the other sign."""
+    the partner's sine, with the other sign. That sine is either computed again from the
+    partner's angle (loaded again, from L1), or, with ``GATHER_SINES`` (the backward, a
+    power-of-two rotary_dim, which GATHER_SINES is), taken from the row's own sines in
+    registers: partner(c) = c ^ (rotary_dim / 2) below rotary_dim. The indices are known at
+    compile time; computed at run time (from rotary_dim // 2) they made the gather as slow as the
+    second sine in an H200 probe."""
     row = pos * f_stride_s
     f = tl.load(freqs_ptr + row + c * f_stride_d, mask=mask, other=0.0)
-    if BACKWARD:
+    if BACKWARD and GATHER_SINES == 0:
         f_sin = tl.load(freqs_ptr + row + partner * f_stride_d, mask=mask, other=0.0)
     else:
         f_sin = f
     if FAST_TRIG:
         cos, sin = _fast_sincos(f)
-        if BACKWARD:
+        if BACKWARD and GATHER_SINES == 0:
             _, sin = _fast_sincos(f_sin)
     else:
         cos = tl.cos(f)
         sin = tl.sin(f_sin)
+    if BACKWARD and GATHER_SINES > 0:
+        ch = tl.arange(0, ROW)
+        src = tl.where(ch < GATHER_SINES, ch ^ (GATHER_SINES // 2), ch)
+        sin = tl.gather(sin, tl.broadcast_to(src[None, :], [BLOCK_S, ROW]), axis=1)
     first = c < rotary_dim // 2
     sign = tl.where(first, -1.0, 1.0)
     if BACKWARD:
@@ -354,6 +364,8 @@ def rope_2d_kernel(
     HALF: tl.constexpr,  # power of two >= rotary_dim // 2: pairs per head
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0: channels copied through
     ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
+    GATHER_SINES: tl.constexpr,  # whole rows, backward: rotary_dim (a power of two) to gather
+                                 # the partners' sines in registers, else 0 (see _cos_sin_row)
 ):
     # One program: BLOCK_S positions x BLOCK_B batch elements x BLOCK_H heads, on a 1-D grid.
     pid = tl.program_id(0)
@@ -468,7 +480,7 @@ def rope_2d_kernel(
     if ROW > 0:
         cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
                                 f_stride_s, f_stride_d, s_mask[:, None] & rotated[None, :],
-                                BACKWARD, FAST_TRIG)
+                                BACKWARD, FAST_TRIG, GATHER_SINES, BLOCK_S, ROW)
         y = xr.to(tl.float32) * cos[:, None, :] + xq.to(tl.float32) * sin[:, None, :]
         tl.store(out_ptr + o_sbh + c[None, None, :] * o_stride_d,
                  y.to(out_ptr.dtype.element_ty), mask=row_mask & (c < head_dim)[None, None, :])
@@ -606,11 +618,17 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
             cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
     whole = (on_gpu and element_size == 2 and not interleaved
              and head_dim * element_size >= WHOLE_ROW_BYTES)
+    # bshd tiles of several positions: the whole-row backward gathers its partners' sines, which
+    # needs a power-of-two rotary_dim; without it such tiles keep the pairs.
+    gather = tensor_format in GATHER_SINES_FORMATS and cfg["block_s"] >= GATHER_SINES_POSITIONS
+    pow2_rotary = rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0
     if whole and WHOLE_ROWS:
         cfg["whole_rows"] = True
         cfg["num_warps"] = min(8, 2 * cfg["num_warps"])  # the same tile on twice the warps
-    else:
-        cfg["whole_rows"] = whole and tensor_format in WHOLE_ROW_FORMATS  # on the tile's warps
+    else:  # on the tile's own warps
+        cfg["whole_rows"] = (whole and tensor_format in WHOLE_ROW_FORMATS
+                             and (pow2_rotary or not gather))
+    cfg["gather_sines"] = cfg["whole_rows"] and gather and pow2_rotary
     return cfg
 
 
@@ -622,8 +640,14 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 # WHOLE_ROWS True takes them in every format on twice the warps: faster on an H100, up to 17%
 # slower on an H200. Rows of 128 B (head_dim 64) and float32 rows keep the pairs.
 WHOLE_ROWS = False
-WHOLE_ROW_FORMATS = ("sbhd", "thd")
+WHOLE_ROW_FORMATS = ("sbhd", "bshd", "thd")
 WHOLE_ROW_BYTES = 256
+# The whole-row backward needs each channel's partner's sine. Computing it again from the
+# partner's angle costs most where a thread holds several positions' angles: bshd tiles of 4-8
+# positions lost 1-4% backward that way on an H200. There the sines are gathered in registers
+# instead (GATHER_SINES in the kernel; power-of-two rotary_dim only).
+GATHER_SINES_FORMATS = ("bshd",)
+GATHER_SINES_POSITIONS = 4
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
@@ -857,6 +881,8 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         PASS=(_next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
               if head_dim > rotary_dim and not whole_rows else 0),
         ROW=_next_pow2(head_dim) if whole_rows else 0,
+        GATHER_SINES=(rotary_dim if whole_rows and backward and cfg["gather_sines"]
+                      and rotary_dim & (rotary_dim - 1) == 0 else 0),
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"], dict(launch_pdl=True) if pdl else None)
 

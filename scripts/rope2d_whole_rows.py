@@ -2,6 +2,7 @@
 
     python scripts/rope2d_whole_rows.py [--out figures/rope2d_whole_rows.json] [--rounds 5]
     python scripts/rope2d_whole_rows.py --set sbhd-thd [--out figures/rope2d_whole_rows_sbhd_thd_h200.json]
+    python scripts/rope2d_whole_rows.py --set bshd [--out figures/rope2d_whole_rows_bshd_h200.json]
 
 The same change as rope_qk's whole rows (scripts/qk_whole_rows.py) in the TransformerEngine-style
 kernel: with whole rows (``config={"whole_rows": True}``) a program loads each row of its tile
@@ -22,6 +23,11 @@ recorded.
 and thd only) against the pairs, at more sbhd and thd shapes, and on one warp for thd tiles of 8
 heads; ``default`` names the variant ``default_config`` takes with ``WHOLE_ROWS = False``.
 figures/rope2d_whole_rows_sbhd_thd_h200.json (H200) is that set.
+
+``--set bshd``: bshd, where the whole-row backward's partner sines decide: pairs, whole rows
+with each partner's sine computed again from its angle (``gather_sines`` off), and whole rows
+with the sines gathered in registers (``gather_sines`` on; a power-of-two rotary_dim only, else
+the same kernel as the one before); ``default`` names the variant ``default_config`` takes.
 """
 
 from __future__ import annotations
@@ -89,11 +95,29 @@ SHAPES_SBHD_THD = {
 }
 
 
+# --set bshd: whole rows in bshd, the backward's partner sines computed again or gathered
+SHAPES_BSHD = {
+    "bshd": dict(tensor_format="bshd"), "bshd fp16": dict(tensor_format="bshd", dtype="fp16"),
+    "bshd s8192": dict(tensor_format="bshd", seq_len=8192),
+    "bshd batch 1": dict(tensor_format="bshd", batch=1, seq_len=16384),
+    "bshd batch 4": dict(tensor_format="bshd", batch=4),
+    "bshd half rotary": dict(tensor_format="bshd", rotary_percent=0.5),
+    "bshd rotary 96 of 128": dict(tensor_format="bshd", rotary_percent=0.75),
+    "bshd head_dim 256": dict(tensor_format="bshd", head_dim=256, heads=16),
+    "bshd 64 heads": dict(tensor_format="bshd", heads=64, batch=8),
+    "bshd 16 heads": dict(tensor_format="bshd", heads=16),
+    "bshd 8 heads": dict(tensor_format="bshd", heads=8),
+    "bshd in place": dict(tensor_format="bshd", in_place=True),
+}
+
+
 def variants(p: Problem, in_place: bool, which: str = "all") -> tuple:
     """(name -> config for rope_2d, the name of the default): the tile that default_config
     chooses, with pairs and with whole rows. ``all``: each on its warps and on twice as many;
     the default named is ``WHOLE_ROWS = True``'s. ``sbhd-thd``: on its warps (and whole rows on
-    one warp where a thd tile of 8 heads has two); the default named is the package's."""
+    one warp where a thd tile of 8 heads has two); the default named is the package's.
+    ``bshd``: pairs and whole rows with the partners' sines computed again or gathered, on the
+    tile's warps; the default named is the package's."""
     t = p.t
     canon = {"sbhd": t.shape, "bshd": (t.shape[1], t.shape[0], *t.shape[2:]),
              "thd": (t.shape[0], 1, *t.shape[1:])}[p.tensor_format]
@@ -119,6 +143,11 @@ def variants(p: Problem, in_place: bool, which: str = "all") -> tuple:
         if p.tensor_format == "thd" and p.heads == 8 and warps == 2:
             out["whole rows, 1 warp"] = dict(before, whole_rows=True, num_warps=1)
         now = before
+    elif which == "bshd":
+        out["pairs"] = dict(before, whole_rows=False, gather_sines=False)
+        out["whole rows, second sine"] = dict(before, whole_rows=True, gather_sines=False)
+        out["whole rows, gathered sines"] = dict(before, whole_rows=True, gather_sines=True)
+        now = before
     else:
         for whole in (False, True):
             for w in (warps, 2 * warps):
@@ -135,9 +164,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--set", choices=("all", "sbhd-thd"), default="all",
+    parser.add_argument("--set", choices=("all", "sbhd-thd", "bshd"), default="all",
                         help="all: the four variants at every format; sbhd-thd: the default "
-                             "rule against the pairs at more sbhd and thd shapes")
+                             "rule against the pairs at more sbhd and thd shapes; bshd: pairs "
+                             "and whole rows with the backward's partner sines computed again "
+                             "or gathered")
     args = parser.parse_args(argv)
     copy = copy_bandwidth_gbps()
     result = {"provenance": provenance(copy, "rope2d_whole_rows"), "rounds": args.rounds,
@@ -145,7 +176,7 @@ def main(argv=None):
     result["provenance"]["command"] = ("python scripts/rope2d_whole_rows.py"
                                        + (f" --set {args.set}" if args.set != "all" else ""))
     start = time.time()
-    shapes = SHAPES_SBHD_THD if args.set == "sbhd-thd" else SHAPES
+    shapes = {"all": SHAPES, "sbhd-thd": SHAPES_SBHD_THD, "bshd": SHAPES_BSHD}[args.set]
     for name, kw in shapes.items():
         kw = dict(kw)
         in_place = kw.pop("in_place", False)

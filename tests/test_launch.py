@@ -739,65 +739,92 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
 
 
 def test_default_config_whole_rows(monkeypatch):
-    """By default (``WHOLE_ROWS = False``) 16-bit half-split sbhd and thd rows of 256 B or more
-    (head_dim 128 and up) on a GPU keep the pairs' tile and warps and move them as whole rows, in
-    place and with partial rotary too; bshd, fp32, interleaved pairs, 128 B rows and the CPU
-    keep the pairs. With ``WHOLE_ROWS = True`` every format takes whole rows on twice the
+    """By default (``WHOLE_ROWS = False``) 16-bit half-split rows of 256 B or more (head_dim 128
+    and up) on a GPU keep the pairs' tile and warps and move them as whole rows, in every format,
+    in place and with partial rotary too. bshd tiles of 4 positions or more gather the
+    backward's partner sines in registers (``gather_sines``), which needs a power-of-two
+    rotary_dim: with another one they keep the pairs. fp32, interleaved pairs, 128 B rows and
+    the CPU keep the pairs. With ``WHOLE_ROWS = True`` every format takes whole rows on twice the
     tile's warps (at most 8)."""
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert r2.WHOLE_ROWS is False
-    assert r2.WHOLE_ROW_FORMATS == ("sbhd", "thd")
+    assert r2.WHOLE_ROW_FORMATS == ("sbhd", "bshd", "thd")
+    assert (r2.GATHER_SINES_FORMATS, r2.GATHER_SINES_POSITIONS) == (("bshd",), 4)
     # TE's default shape, sbhd bf16: the 2 x 16-head tile of 8 KB on 4 warps, as whole rows.
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd") == dict(
-        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=4, whole_rows=True)
-    # bshd in place: one position's 8 heads on 2 warps, as pairs.
+        block_s=2, block_b=1, block_h=16, group_b=16, num_warps=4, whole_rows=True,
+        gather_sines=False)
+    # bshd: 8 positions x 4 heads on 4 warps, as whole rows whose backward gathers its sines.
+    assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "bshd") == dict(
+        block_s=8, block_b=1, block_h=4, group_b=2, num_warps=4, whole_rows=True,
+        gather_sines=True)
+    # bshd in place: one position's 8 heads on 2 warps, as whole rows (one position: no gather).
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "bshd", in_place=True) == dict(
-        block_s=1, block_b=1, block_h=8, group_b=1, num_warps=2, whole_rows=False)
+        block_s=1, block_b=1, block_h=8, group_b=1, num_warps=2, whole_rows=True,
+        gather_sines=False)
 
     def cfg(*args, whole=False, **kw):
         monkeypatch.setattr(r2, "WHOLE_ROWS", whole)
         return r2.default_config(*args, **kw)
 
     def pairs_of(config):
-        return dict(config, whole_rows=False)
+        return dict(config, whole_rows=False, gather_sines=False)
 
-    # The default: sbhd and thd as whole rows on the pairs' warps (the 1-warp thd rule's tile
-    # stays on 1 warp).
+    # The default: whole rows on the pairs' warps (the 1-warp thd rule's tile stays on 1 warp);
+    # gathered sines in bshd tiles of 4 positions or more.
     assert cfg(131072, 1, 8, 128, 128, gpu, 2, False, "thd", n_seqs=64)["num_warps"] == 1
-    for args, kw in (((4096, 16, 32, 128, 128, gpu, 2, False, "sbhd"), {}),
-                     ((4096, 16, 32, 128, 64, gpu, 2, False, "sbhd"), {}),  # partial rotary
-                     ((4096, 16, 32, 128, 128, gpu, 2, False, "sbhd"), {"in_place": True}),
-                     ((4096, 16, 16, 256, 256, gpu, 2, False, "sbhd"), {}),
-                     ((65536, 1, 32, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 4096}),
-                     ((131072, 1, 8, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 64}),
-                     ((1, 64, 32, 128, 128, gpu, 2, False, "sbhd"), {})):  # decode
+    for args, kw, gather in (((4096, 16, 32, 128, 128, gpu, 2, False, "sbhd"), {}, False),
+                             ((4096, 16, 32, 128, 64, gpu, 2, False, "sbhd"), {}, False),
+                             ((4096, 16, 32, 128, 96, gpu, 2, False, "sbhd"), {}, False),
+                             ((4096, 16, 32, 128, 128, gpu, 2, False, "sbhd"), {"in_place": True},
+                              False),
+                             ((4096, 64, 8, 128, 128, gpu, 2, False, "sbhd"), {}, False),  # 4 pos.
+                             ((4096, 16, 16, 256, 256, gpu, 2, False, "sbhd"), {}, False),
+                             ((65536, 1, 32, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 4096},
+                              False),
+                             ((131072, 1, 8, 128, 128, gpu, 2, False, "thd"), {"n_seqs": 64},
+                              False),
+                             ((1, 64, 32, 128, 128, gpu, 2, False, "sbhd"), {}, False),  # decode
+                             ((4096, 16, 32, 128, 128, gpu, 2, False, "bshd"), {}, True),
+                             ((4096, 16, 32, 128, 64, gpu, 2, False, "bshd"), {}, True),
+                             ((4096, 16, 16, 256, 256, gpu, 2, False, "bshd"), {}, True),  # 4 pos.
+                             ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}, False),  # 2 KB
+                             ((4096, 16, 8, 128, 96, gpu, 2, False, "bshd"), {}, False),  # 1 pos.
+                             ((4096, 16, 32, 128, 128, gpu, 2, False, "bshd"), {"in_place": True},
+                              False),
+                             ((1, 64, 32, 128, 128, gpu, 2, False, "bshd"), {}, False)):  # decode
         default = cfg(*args, **kw)
         assert default["whole_rows"] is True, args
+        assert default["gather_sines"] is gather, args
+        assert gather is (default["block_s"] >= 4 and args[-1] == "bshd"), args
         # With the flag on: the same tile as whole rows on twice the warps.
         assert cfg(*args, whole=True, **kw) == dict(
             default, num_warps=min(8, 2 * default["num_warps"])), args
-    # bshd keeps the pairs by default; the flag turns whole rows on there, on twice the warps.
-    for args, kw in (((4096, 16, 32, 128, 64, gpu, 2, False, "bshd"), {}),  # partial rotary
-                     ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}),  # 2 KB rows
-                     ((4096, 16, 32, 128, 128, gpu, 2, False, "bshd"), {"in_place": True}),
-                     ((1, 64, 32, 128, 128, gpu, 2, False, "bshd"), {})):  # decode
-        default = cfg(*args, **kw)
-        assert default["whole_rows"] is False, args
-        assert cfg(*args, whole=True, **kw) == dict(
-            default, whole_rows=True, num_warps=min(8, 2 * default["num_warps"])), args
+    # bshd tiles of several positions whose rotary_dim is not a power of two keep the pairs; the
+    # flag turns whole rows on there (computing the sines again), on twice the warps.
+    args = (4096, 16, 32, 128, 96, gpu, 2, False, "bshd")
+    default = cfg(*args)
+    assert (default["block_s"], default["whole_rows"], default["gather_sines"]) == (4, False, False)
+    assert cfg(*args, whole=True) == dict(default, whole_rows=True,
+                                          num_warps=min(8, 2 * default["num_warps"]))
     # Never whole rows: fp32, interleaved pairs, 128 B rows, the interpreter.
     for args in ((4096, 16, 32, 128, 128, gpu, 4, False, "sbhd"),  # fp32
                  (4096, 16, 32, 128, 128, gpu, 4, False, "thd"),
+                 (4096, 16, 32, 128, 128, gpu, 4, False, "bshd"),
                  (4096, 16, 32, 128, 128, gpu, 2, True, "sbhd"),  # interleaved
+                 (4096, 16, 32, 128, 128, gpu, 2, True, "bshd"),
                  (4096, 16, 32, 64, 64, gpu, 2, False, "sbhd"),  # 128 B rows
                  (4096, 16, 32, 64, 64, gpu, 2, False, "thd"),
-                 (4096, 16, 32, 128, 128, cpu, 2, False, "sbhd")):  # the interpreter
+                 (4096, 16, 32, 64, 64, gpu, 2, False, "bshd"),
+                 (4096, 16, 32, 128, 128, cpu, 2, False, "sbhd"),  # the interpreter
+                 (4096, 16, 32, 128, 128, cpu, 2, False, "bshd")):
         assert cfg(*args, whole=True) == cfg(*args) == pairs_of(cfg(*args)), args
     # The whole-row default keeps the pairs' tile: only the flag differs from the pairs' rule.
-    monkeypatch.setattr(r2, "WHOLE_ROW_FORMATS", ())
-    pairs = r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd")
-    monkeypatch.undo()
-    assert pairs_of(r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd")) == pairs
+    for fmt in ("sbhd", "bshd"):
+        monkeypatch.setattr(r2, "WHOLE_ROW_FORMATS", ())
+        pairs = r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, fmt)
+        monkeypatch.undo()
+        assert pairs_of(r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, fmt)) == pairs
 
 
 def test_whole_rows_default_reaches_the_plan(monkeypatch):
@@ -815,22 +842,34 @@ def test_whole_rows_default_reaches_the_plan(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_whole_rows_with_a_table_whose_halves_differ(dtype):
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
+@pytest.mark.parametrize("head_dim, rotary_dim", [(20, 12), (20, 16), (32, 32)])
+def test_whole_rows_with_a_table_whose_halves_differ(dtype, fmt, head_dim, rotary_dim):
     """Whole rows take channel c's angle from the table's column c, as the pairs' path does, so an
     angle table whose two halves differ (any freqs TransformerEngine accepts) rotates the same:
-    forward against the float64 reference, backward against autograd through it, both paths."""
-    t = randn((5, 3, 2, 20), dtype, 0)
-    grad = randn((5, 3, 2, 20), dtype, 1)
-    freqs = 3 * randn((9, 1, 1, 12), torch.float32, 2)  # halves differ; 8 channels pass through
+    forward against the float64 reference, backward against autograd through it, with the pairs,
+    with whole rows, and with whole rows whose backward gathers the partners' sines in registers
+    (``gather_sines``; a power-of-two rotary_dim: here 16 of 20 and 32 of 32; 12 falls back to
+    computing them again). A gather that took a channel's own sine, or the wrong channel's,
+    would fail the backward here, where RoPE's own tables (two equal halves) would not show it."""
+    shape = (5, 3, 2, head_dim) if fmt == "sbhd" else (3, 5, 2, head_dim)
+    t = randn(shape, dtype, 0)
+    grad = randn(shape, dtype, 1)
+    freqs = 3 * randn((9, 1, 1, rotary_dim), torch.float32, 2)  # halves differ
     t64 = t.double().requires_grad_(True)
-    ref = rope_reference(t64, freqs, "sbhd")
+    ref = rope_reference(t64, freqs, fmt)
     ref.backward(grad.double())
-    for whole in (True, False):
+    for config in ({"whole_rows": False}, {"whole_rows": True, "gather_sines": False},
+                   {"whole_rows": True, "gather_sines": True, "block_s": 4}):
         for backward, want in ((False, ref.detach()), (True, t64.grad)):
+            r2._PLANS.clear()
             out = torch.full_like(t, float("nan"))
-            rope_2d(grad if backward else t, freqs, "sbhd", backward=backward, out=out,
-                    config={"whole_rows": whole})
-            assert_rope_close(out, want, dtype, f"whole_rows={whole} backward={backward}")
+            rope_2d(grad if backward else t, freqs, fmt, backward=backward, out=out,
+                    config=config)
+            (plan,) = r2._PLANS.values()
+            gathered = config.get("gather_sines") and backward and rotary_dim != 12
+            assert plan.constexprs["GATHER_SINES"] == (rotary_dim if gathered else 0)
+            assert_rope_close(out, want, dtype, f"{config} backward={backward}")
 
 
 def test_narrow_rounds():

@@ -97,7 +97,7 @@ def launch_config(draw):
     return dict(block_s=draw(st.sampled_from([1, 2, 4, 8])), block_b=draw(st.sampled_from([1, 2, 4])),
                 block_h=draw(st.sampled_from([1, 2, 4])), group_b=draw(st.integers(1, 3)),
                 num_warps=4,
-                whole_rows=draw(st.booleans()))
+                whole_rows=draw(st.booleans()), gather_sines=draw(st.booleans()))
 
 
 @pytest.mark.parametrize("kernel", ["1d", "2d"])
@@ -199,12 +199,14 @@ def test_rope_2d_in_place_bshd_head_dim_128(dtype, heads, backward, seed):
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size", [1, 2])
-def test_rope_2d_whole_rows(fmt, dtype, cp_size, seed):
+@pytest.mark.parametrize("rotary_dim", [12, 16])
+def test_rope_2d_whole_rows(fmt, dtype, cp_size, rotary_dim, seed):
     """rope_2d with whole rows (``config={'whole_rows': True}``: each row loaded once, its
-    channels' partners again, one store), head_dim 20 with 12 channels rotated (a partly masked
-    row of 32, 8 channels passed through): forward and backward against the float64 reference,
-    with start positions where TransformerEngine allows them, outputs NaN-poisoned; interleaved
-    pairs keep their own loads (ROW 0)."""
+    channels' partners again, one store), head_dim 20 with 12 or 16 channels rotated (a partly
+    masked row of 32, 8 or 4 channels passed through): forward and backward against the float64
+    reference, the backward's partner sines computed again and (``gather_sines``, rotary_dim 16,
+    a power of two) gathered in registers, with start positions where TransformerEngine allows
+    them, outputs NaN-poisoned; interleaved pairs keep their own loads (ROW 0)."""
     k2 = importlib.import_module("rope_kernels.rope_2d")  # (the package exports the function)
     cp_rank = cp_size - 1
     kw = {"cp_size": cp_size, "cp_rank": cp_rank}
@@ -216,30 +218,34 @@ def test_rope_2d_whole_rows(fmt, dtype, cp_size, seed):
         shape = {"sbhd": (6, 3, 2, 20), "bshd": (3, 6, 2, 20)}[fmt]
     if cp_size == 1:
         kw["start_positions"] = torch.tensor([5, 0, 17], dtype=torch.int32, device=DEVICE)
-    freqs = RotaryPositionEmbedding(12, device=DEVICE)(40)
+    freqs = RotaryPositionEmbedding(rotary_dim, device=DEVICE)(40)
     t = randn(shape, dtype, seed)
     grad = randn(shape, dtype, seed + 1)
     t64 = t.double().requires_grad_(True)
     ref = rope_reference(t64, freqs, fmt, **kw)
     ref.backward(grad.double())
-    for interleaved, row in ((False, 32), (True, 0)):
+    pass_words = k2._next_pow2((20 - rotary_dim) // 2)  # channels past rotary_dim, in words
+    for interleaved, row, gather in ((False, 32, False), (False, 32, True), (True, 0, False)):
         if interleaved:
-            freqs_i = RotaryPositionEmbedding(12, interleaved=True, device=DEVICE)(40)
+            freqs_i = RotaryPositionEmbedding(rotary_dim, interleaved=True, device=DEVICE)(40)
             ref_i = rope_reference(t.double(), freqs_i, fmt, interleaved=True, **kw)
         for backward in (False, True):
             out = torch.full_like(t, float("nan"))
             k2._PLANS.clear()
             rope_2d(grad if backward else t, freqs_i if interleaved else freqs, fmt,
                     interleaved=interleaved, backward=backward, out=out,
-                    config={"whole_rows": True}, **kw)
+                    config={"whole_rows": True, "gather_sines": gather}, **kw)
             (plan,) = k2._PLANS.values()
             # Whole rows copy the channels past rotary_dim within the row; pairs read as words
-            # copy them as 4 words.
+            # copy them as words (elements where the layout does not allow words).
             assert plan.constexprs["ROW"] == row
-            assert plan.constexprs["PASS"] in ((0,) if row else (4, 8))
+            assert plan.constexprs["PASS"] in ((0,) if row else (pass_words, 2 * pass_words))
+            # Gathered sines: the backward of a power-of-two rotary_dim only.
+            assert plan.constexprs["GATHER_SINES"] == (
+                rotary_dim if gather and backward and rotary_dim == 16 else 0)
             if interleaved:
                 if not backward:
                     assert_rope_close(out, ref_i, dtype, "interleaved forward")
             else:
                 assert_rope_close(out, t64.grad if backward else ref, dtype,
-                                  "backward" if backward else "forward")
+                                  f"{'backward' if backward else 'forward'} gather={gather}")

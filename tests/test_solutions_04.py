@@ -42,6 +42,9 @@ SHAPES = [
     ((16, 4096, 32, 64), "bshd", 64, 2, True),      # head_dim 64, interleaved
     ((64, 1, 8, 128), "bshd", 128, 2, False),       # decode with 2 KB rows
     ((16, 4096, 16, 128), "bshd", 128, 4, False),   # fp32: 8 KB rows, the usual tile
+    ((16, 4096, 32, 128), "bshd", 128, 2, False),   # 8 positions x 4 heads: gathered sines
+    ((16, 4096, 32, 128), "bshd", 96, 2, False),    # the same tile, rotary 96: pairs
+    ((16, 4096, 8, 128), "bshd", 96, 2, False),     # rows of all heads, rotary 96: whole rows
 ]
 
 
