@@ -580,27 +580,37 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       1 and 2 warps were level (within 0.4 points), and with the pre-pass (more sequences) the same
       tile on 1 warp moved -1.3 to +0.1.
     - ``whole_rows``: on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES (head_dim 128
-      and up) in sbhd and thd (WHOLE_ROW_FORMATS) keep the tile and warps chosen above, in place
-      too, but move it as whole rows: each row loaded once, its channels' partners again (the
-      same lines, from L1), one store, where the pairs' tile loads and stores two halves (and
-      the channels past ``rotary_dim`` a third piece). On an H200 (2026-11-26, 5 shuffled
-      rounds, figures/rope2d_whole_rows_sbhd_thd_h200.json) they ran at 1.004-1.011 of the
-      pairs' speed at 34 of 40 sbhd and thd points (forward and backward; TE's default sbhd
-      0.978 -> 0.985 of copy), 1.025-1.036 with half the head rotated in sbhd, 0.996-0.997 at
-      head_dim 256, and behind at two: thd in 64 sequences of 8 heads forward (-1.2%, +0.8%
-      backward) and sbhd batch 1 backward (-2.4%, +0.6% forward; an 84 MB problem whose single
-      medians fall on one of two levels, see docs/performance_notes.md). A probe in another
-      process of the same machine agreed within 0.9 points of the ratio at every point (-0.3%
-      and -1.9% at those two). On an H100 (figures/rope2d_whole_rows_sbhd_thd_h100.json, the same script and code)
-      1.003-1.012 at 33 of the 40 points, 1.016-1.030 with half the head rotated, level at 4
-      (head_dim 256, sbhd 8 heads backward, batch 4 forward: -0.2 to +0.1%) and behind at sbhd
-      batch 1 forward (-1.6%, +0.7% backward); the earlier H100 A/B had 1.005-1.014 at the sbhd
-      and thd points it covers (figures/rope2d_whole_rows.json). bshd keeps the pairs: there
-      whole rows lost 2-4% backward on the H200 (figures/rope2d_whole_rows_h200.json).
-      ``WHOLE_ROWS = True`` takes whole rows in every format, on twice the tile's warps (at most
-      8): 1.002-1.016 of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200
-      (below 0.97 at 22 of 32 points; the full benchmark with it lost up to 18% there), so it is
-      off. A ``config`` with ``whole_rows`` chooses per call.
+      and up) keep the tile and warps chosen above, in every format and in place too, but move
+      it as whole rows: each row loaded once, its channels' partners again (the same lines,
+      from L1), one store, where the pairs' tile loads and stores two halves (and the channels
+      past ``rotary_dim`` a third piece). sbhd and thd, on an H200 (2026-11-26, 5 shuffled
+      rounds, figures/rope2d_whole_rows_sbhd_thd_h200.json): 1.004-1.011 of the pairs' speed
+      at 34 of 40 points (forward and backward; TE's default sbhd 0.978 -> 0.985 of copy),
+      1.025-1.036 with half the head rotated in sbhd, 0.996-0.997 at head_dim 256, and behind
+      at two: thd in 64 sequences of 8 heads forward (-1.2%, +0.8% backward) and sbhd batch 1
+      backward (-2.4%, +0.6% forward; an 84 MB problem whose single medians fall on one of two
+      levels, see docs/performance_notes.md). On an H100
+      (figures/rope2d_whole_rows_sbhd_thd_h100.json, the same script and code) 1.003-1.012 at
+      33 of the 40 points, 1.016-1.030 with half the head rotated, level at 4 and behind at
+      sbhd batch 1 forward (-1.6%, +0.7% backward).
+    - ``gather_sines``: the whole-row backward needs each channel's partner's sine. bshd tiles
+      of GATHER_SINES_POSITIONS positions or more (8 positions x 4 heads at 32 heads of 128)
+      gather them from the row's own sines in registers where ``rotary_dim`` is a power of two;
+      other tiles compute them again from the partners' angles. bshd on an H200 (2026-11-26,
+      5 shuffled rounds, figures/rope2d_whole_rows_bshd_h200.json): whole rows with gathered
+      sines ran at 1.005-1.011 of the pairs forward and 1.003-1.009 backward at the 8 shapes
+      with tiles of 4-8 positions, where computing the sines again cost the backward 1-4%
+      (0.959-0.987 of the pairs). With rotary_dim 96 of 128, which no gather serves, computing
+      them again still ran 1.030 / 1.056 of the pairs, whose tile pads 48 pairs to 64. Tiles of
+      one position (bshd rows of 8 or 16 heads, in place) compute them again: gathering was
+      not faster there (0.970-1.003 of the pairs backward, against 1.000-1.007), and their
+      whole rows ran 0.995-1.011 forward, 1.000-1.007 backward (8 heads and in place are the
+      two below 1, by 0.4-0.5%; the file's two forward variants are the same kernel and differ
+      by up to 0.5%, 1.7% in place).
+      ``WHOLE_ROWS = True`` takes whole rows on twice the tile's warps (at most 8): 1.002-1.016
+      of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200 (below 0.97 at 22
+      of 32 points; the full benchmark with it lost up to 18% there), so it is off. A
+      ``config`` with ``whole_rows`` or ``gather_sines`` chooses per call.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
@@ -618,34 +628,35 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
             cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
     whole = (on_gpu and element_size == 2 and not interleaved
              and head_dim * element_size >= WHOLE_ROW_BYTES)
-    # bshd tiles of several positions: the whole-row backward gathers its partners' sines, which
-    # needs a power-of-two rotary_dim; without it such tiles keep the pairs.
-    gather = tensor_format in GATHER_SINES_FORMATS and cfg["block_s"] >= GATHER_SINES_POSITIONS
-    pow2_rotary = rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0
     if whole and WHOLE_ROWS:
         cfg["whole_rows"] = True
         cfg["num_warps"] = min(8, 2 * cfg["num_warps"])  # the same tile on twice the warps
-    else:  # on the tile's own warps
-        cfg["whole_rows"] = (whole and tensor_format in WHOLE_ROW_FORMATS
-                             and (pow2_rotary or not gather))
-    cfg["gather_sines"] = cfg["whole_rows"] and gather and pow2_rotary
+    else:
+        cfg["whole_rows"] = whole and tensor_format in WHOLE_ROW_FORMATS  # on the tile's warps
+    # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
+    # registers (a power-of-two rotary_dim; with another one it computes them again).
+    cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
+                           and cfg["block_s"] >= GATHER_SINES_POSITIONS
+                           and rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0)
     return cfg
 
 
 # Whole rows (``ROW``): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES are loaded
 # whole, their channels' partners again (the same lines, from L1), and stored in one piece. By
 # default in WHOLE_ROW_FORMATS, on the pairs' tile and warps: 0.3-1.1% faster than the pairs in
-# sbhd and thd on an H200 and an H100, mixed in bshd (figures/rope2d_whole_rows_sbhd_thd_h200.json,
-# figures/rope2d_whole_rows.json, figures/rope2d_whole_rows_h200.json; see default_config).
-# WHOLE_ROWS True takes them in every format on twice the warps: faster on an H100, up to 17%
-# slower on an H200. Rows of 128 B (head_dim 64) and float32 rows keep the pairs.
+# every format on an H200 (figures/rope2d_whole_rows_sbhd_thd_h200.json,
+# figures/rope2d_whole_rows_bshd_h200.json; see default_config). WHOLE_ROWS True takes them on
+# twice the warps: faster on an H100, up to 17% slower on an H200. Rows of 128 B (head_dim 64)
+# and float32 rows keep the pairs.
 WHOLE_ROWS = False
 WHOLE_ROW_FORMATS = ("sbhd", "bshd", "thd")
 WHOLE_ROW_BYTES = 256
 # The whole-row backward needs each channel's partner's sine. Computing it again from the
 # partner's angle costs most where a thread holds several positions' angles: bshd tiles of 4-8
 # positions lost 1-4% backward that way on an H200. There the sines are gathered in registers
-# instead (GATHER_SINES in the kernel; power-of-two rotary_dim only).
+# instead (GATHER_SINES in the kernel; power-of-two rotary_dim only). In sbhd tiles of 2
+# positions x 16 heads the same gather was 8% slower on an H200 (level on an H100), so the rule
+# stays with bshd.
 GATHER_SINES_FORMATS = ("bshd",)
 GATHER_SINES_POSITIONS = 4
 
@@ -920,8 +931,10 @@ def rope_2d(
             on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
             programmatic dependent launch of the main kernel; None = on where the GPU has it)
             and ``whole_rows`` (half-split pairs: each row loaded and stored in one piece, the
-            channels' partners loaded again from L1; by default on a GPU for 16-bit sbhd and
-            thd rows of 256 B or more, see ``default_config``).
+            channels' partners loaded again from L1; by default on a GPU for 16-bit rows of
+            256 B or more, see ``default_config``) and ``gather_sines`` (whole rows, backward,
+            power-of-two rotary_dim: the partners' sines gathered in registers, not computed
+            again; by default in bshd tiles of 4 positions or more).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 

@@ -19,15 +19,20 @@ format on twice the warps), which was ``default_config``'s default when
 figures/rope2d_whole_rows.json (H100) and figures/rope2d_whole_rows_h200.json (H200) were
 recorded.
 
-``--set sbhd-thd``: the rule that is the default now (whole rows on the tile's own warps, sbhd
-and thd only) against the pairs, at more sbhd and thd shapes, and on one warp for thd tiles of 8
-heads; ``default`` names the variant ``default_config`` takes with ``WHOLE_ROWS = False``.
-figures/rope2d_whole_rows_sbhd_thd_h200.json (H200) is that set.
+``--set sbhd-thd``: whole rows on the tile's own warps (the default rule since 8f839b6, then
+for sbhd and thd only) against the pairs, at more sbhd and thd shapes, and on one warp for thd
+tiles of 8 heads; ``default`` names the variant ``default_config`` takes with
+``WHOLE_ROWS = False``. figures/rope2d_whole_rows_sbhd_thd_h200.json (H200) and _h100.json are
+that set.
 
 ``--set bshd``: bshd, where the whole-row backward's partner sines decide: pairs, whole rows
 with each partner's sine computed again from its angle (``gather_sines`` off), and whole rows
 with the sines gathered in registers (``gather_sines`` on; a power-of-two rotary_dim only, else
-the same kernel as the one before); ``default`` names the variant ``default_config`` takes.
+the same kernel as the one before; in the forward both are one kernel, so their difference
+there is the run's noise); ``default`` names the variant ``default_config`` takes.
+figures/rope2d_whole_rows_bshd_h200.json (H200) is that set, recorded at fbb7a3c, whose rule
+kept the pairs for rotary_dim 96 of 128 (its ``default`` there says so); whole rows ran 3-6%
+faster there, and the rule now takes them.
 """
 
 from __future__ import annotations

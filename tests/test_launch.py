@@ -742,9 +742,8 @@ def test_default_config_whole_rows(monkeypatch):
     """By default (``WHOLE_ROWS = False``) 16-bit half-split rows of 256 B or more (head_dim 128
     and up) on a GPU keep the pairs' tile and warps and move them as whole rows, in every format,
     in place and with partial rotary too. bshd tiles of 4 positions or more gather the
-    backward's partner sines in registers (``gather_sines``), which needs a power-of-two
-    rotary_dim: with another one they keep the pairs. fp32, interleaved pairs, 128 B rows and
-    the CPU keep the pairs. With ``WHOLE_ROWS = True`` every format takes whole rows on twice the
+    backward's partner sines in registers (``gather_sines``) where rotary_dim is a power of two.
+    fp32, interleaved pairs, 128 B rows and the CPU keep the pairs. With ``WHOLE_ROWS = True`` every format takes whole rows on twice the
     tile's warps (at most 8)."""
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert r2.WHOLE_ROWS is False
@@ -790,23 +789,23 @@ def test_default_config_whole_rows(monkeypatch):
                              ((4096, 16, 16, 256, 256, gpu, 2, False, "bshd"), {}, True),  # 4 pos.
                              ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}, False),  # 2 KB
                              ((4096, 16, 8, 128, 96, gpu, 2, False, "bshd"), {}, False),  # 1 pos.
+                             ((4096, 16, 32, 128, 96, gpu, 2, False, "bshd"), {}, False),  # 96
                              ((4096, 16, 32, 128, 128, gpu, 2, False, "bshd"), {"in_place": True},
                               False),
                              ((1, 64, 32, 128, 128, gpu, 2, False, "bshd"), {}, False)):  # decode
         default = cfg(*args, **kw)
         assert default["whole_rows"] is True, args
         assert default["gather_sines"] is gather, args
-        assert gather is (default["block_s"] >= 4 and args[-1] == "bshd"), args
+        assert gather is (default["block_s"] >= 4 and args[-1] == "bshd"
+                          and args[4] in (64, 128, 256)), args
         # With the flag on: the same tile as whole rows on twice the warps.
         assert cfg(*args, whole=True, **kw) == dict(
             default, num_warps=min(8, 2 * default["num_warps"])), args
-    # bshd tiles of several positions whose rotary_dim is not a power of two keep the pairs; the
-    # flag turns whole rows on there (computing the sines again), on twice the warps.
+    # bshd tiles of several positions whose rotary_dim is not a power of two: whole rows whose
+    # backward computes the partners' sines again.
     args = (4096, 16, 32, 128, 96, gpu, 2, False, "bshd")
     default = cfg(*args)
-    assert (default["block_s"], default["whole_rows"], default["gather_sines"]) == (4, False, False)
-    assert cfg(*args, whole=True) == dict(default, whole_rows=True,
-                                          num_warps=min(8, 2 * default["num_warps"]))
+    assert (default["block_s"], default["whole_rows"], default["gather_sines"]) == (4, True, False)
     # Never whole rows: fp32, interleaved pairs, 128 B rows, the interpreter.
     for args in ((4096, 16, 32, 128, 128, gpu, 4, False, "sbhd"),  # fp32
                  (4096, 16, 32, 128, 128, gpu, 4, False, "thd"),

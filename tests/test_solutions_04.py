@@ -43,8 +43,8 @@ SHAPES = [
     ((64, 1, 8, 128), "bshd", 128, 2, False),       # decode with 2 KB rows
     ((16, 4096, 16, 128), "bshd", 128, 4, False),   # fp32: 8 KB rows, the usual tile
     ((16, 4096, 32, 128), "bshd", 128, 2, False),   # 8 positions x 4 heads: gathered sines
-    ((16, 4096, 32, 128), "bshd", 96, 2, False),    # the same tile, rotary 96: pairs
-    ((16, 4096, 8, 128), "bshd", 96, 2, False),     # rows of all heads, rotary 96: whole rows
+    ((16, 4096, 32, 128), "bshd", 96, 2, False),    # the same tile, rotary 96: no gather
+    ((16, 4096, 8, 128), "bshd", 96, 2, False),     # rows of all heads, rotary 96
 ]
 
 

@@ -53,11 +53,10 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     * interleaved pairs of a contiguous tensor are read one word per pair, so they tile like
       half-split pairs (``interleaved`` changes nothing here);
     * on a GPU, 16-bit half-split rows of 256 B or more (head_dim 128 and up) move as whole
-      rows, on the tile's own warps; bshd tiles of 4 positions or more gather the backward's
-      partner sines in registers (``gather_sines``), which needs a power-of-two ``rotary_dim``:
-      with another one they keep the pairs. With ``whole_rows`` (``rope_2d.WHOLE_ROWS``, off by
-      default) every such tile moves whole rows, on twice the warps, at most 8. Interleaved
-      pairs, fp32 and narrower rows keep the pairs;
+      rows, on the tile's own warps (with ``whole_rows``, i.e. ``rope_2d.WHOLE_ROWS``, off by
+      default: on twice the warps, at most 8); bshd tiles of 4 positions or more gather the
+      backward's partner sines in registers (``gather_sines``) where ``rotary_dim`` is a power
+      of two. Interleaved pairs, fp32 and narrower rows keep the pairs;
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
     ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
@@ -114,15 +113,13 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     if group_b is None:
         group_b = max(1, b_blocks)
     rows_fit = on_gpu and element_size == 2 and not interleaved and d * element_size >= 256
-    several = tensor_format == "bshd" and block_s >= 4  # the backward gathers partner sines
-    pow2_rotary = rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0
-    if rows_fit and whole_rows:  # the opt-in: every such tile, twice the warps
+    if rows_fit and whole_rows:  # the opt-in: twice the warps
         num_warps = min(8, 2 * num_warps)
-    else:
-        whole_rows = rows_fit and (pow2_rotary or not several)
+    # bshd tiles of 4 positions or more gather the backward's partner sines in registers
+    gather = (rows_fit and tensor_format == "bshd" and block_s >= 4
+              and rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0)
     config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
-                  num_warps=num_warps, whole_rows=whole_rows,
-                  gather_sines=whole_rows and several and pow2_rotary)
+                  num_warps=num_warps, whole_rows=rows_fit, gather_sines=gather)
     group = min(group_b, b_blocks)
     programs = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h) * _cdiv(b_blocks, group) * group
     return (programs, 1, 1), config
