@@ -186,7 +186,10 @@ def test_ideal_time_matches_the_recorded_benchmark():
         res = sol.ideal_time(shape, row.dtype, row.rotary_dim, row.copy_gbps,
                              tensor_format=row.tensor_format)
         assert math.isclose(res["bytes"], row.gbps * row.ms * 1e6, rel_tol=1e-4), row
-        assert res["us"] <= row.ms * 1e3 * 1.0001, row  # nothing beats the copy
+        # Nothing beats the copy by more than the timing's noise: the copy is one do_bench
+        # median of its own (2 GB), and the largest problems (2 GB, sbhd with 64 heads) reach
+        # it (1.0001 of it in the run of 2026-11-26); run to run, medians move by up to ~1%.
+        assert res["us"] <= row.ms * 1e3 * 1.01, row
 
 
 # ---------------------------------------------------------------- exercise 4: whole_row_rotate

@@ -192,8 +192,8 @@ def ideal_time(shape, dtype="bf16", rotary_dim: Optional[int] = None,
         shape: the tensor's shape (any format).
         dtype: ``"bf16"``, ``"fp16"``, ``"fp32"`` or a torch dtype.
         rotary_dim: rotated channels (default: all of the last dimension).
-        copy_gbps: the device-to-device copy bandwidth, GB/s (read + write); default: the one
-            recorded on the H200 in ``figures/provenance.json``.
+        copy_gbps: the device-to-device copy bandwidth, GB/s (read + write); default: an H200's,
+            from an earlier recorded run (``figures/provenance.json`` holds the current one).
         table_rows: rows of the angle table read (default: the sequence length, ``shape[0]`` for
             sbhd/thd, ``shape[1]`` for bshd; for thd pass the longest sequence).
 
