@@ -643,9 +643,9 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
 
 # Whole rows (``ROW``): on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES are loaded
 # whole, their channels' partners again (the same lines, from L1), and stored in one piece. By
-# default in WHOLE_ROW_FORMATS, on the pairs' tile and warps: 0.3-1.1% faster than the pairs in
-# every format on an H200 (figures/rope2d_whole_rows_sbhd_thd_h200.json,
-# figures/rope2d_whole_rows_bshd_h200.json; see default_config). WHOLE_ROWS True takes them on
+# default in WHOLE_ROW_FORMATS, on the pairs' tile and warps: 0.3-1.1% faster than the pairs at
+# most points of every format on an H200, behind by up to 2.4% at a few (see default_config;
+# figures/rope2d_whole_rows_sbhd_thd_h200.json, figures/rope2d_whole_rows_bshd_h200.json). WHOLE_ROWS True takes them on
 # twice the warps: faster on an H100, up to 17% slower on an H200. Rows of 128 B (head_dim 64)
 # and float32 rows keep the pairs.
 WHOLE_ROWS = False
