@@ -524,6 +524,11 @@ def _floor_pow2(n: int) -> int:
     return 1 << max(0, n.bit_length() - 1)
 
 
+def _is_pow2(n: int) -> bool:
+    """n is a power of two (1, 2, 4, ...): what the gathered sines' compile-time indices need."""
+    return n > 0 and n & (n - 1) == 0
+
+
 def _canonical(t: torch.Tensor, tensor_format: str):
     """(seq_rows, batch, heads, head_dim) sizes and strides of ``t`` seen as [s, b, h, d]."""
     if tensor_format == "sbhd":
@@ -637,7 +642,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
                            and cfg["block_s"] >= GATHER_SINES_POSITIONS
-                           and rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0)
+                           and _is_pow2(rotary_dim))
     return cfg
 
 
@@ -893,7 +898,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
               if head_dim > rotary_dim and not whole_rows else 0),
         ROW=_next_pow2(head_dim) if whole_rows else 0,
         GATHER_SINES=(rotary_dim if whole_rows and backward and cfg["gather_sines"]
-                      and rotary_dim & (rotary_dim - 1) == 0 else 0),
+                      and _is_pow2(rotary_dim) else 0),
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"], dict(launch_pdl=True) if pdl else None)
 
