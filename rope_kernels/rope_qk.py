@@ -524,6 +524,8 @@ def _floor_pow2(n: int) -> int:
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU
+# Tokens x heads of a tile whose outputs are transposed against its inputs (see default_config).
+TRANSPOSED_TILE = (4, 4)
 # Whole rows for 16-bit half-split pairs (``_whole_rows``), off by default: 0.1-3.0% faster than
 # the pair tiles on an H100, up to 11% slower on an H200 (scripts/qk_whole_rows.py,
 # figures/qk_whole_rows.json and figures/qk_whole_rows_h200.json; see default_config).
@@ -549,9 +551,31 @@ def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, 
 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, interleaved: bool = False, angles: int = 0,
-                   rotary_dim: Optional[int] = None, in_place: bool = False) -> dict:
+                   rotary_dim: Optional[int] = None, in_place: bool = False,
+                   transposed: bool = False) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
+
+    ``transposed``: the outputs hold tokens and heads in the other memory order than the inputs
+    (Hugging Face's partial rotary: GPT-NeoX's function returns contiguous ``[b, h, s, d]``
+    results for ``[b, h, s, d]`` views of ``[b, s, h, d]`` projections). There, on a GPU, with
+    half-split rows of 64 or 128 channels and at least 4 heads in q and in k, whole rows in tiles
+    of 4 tokens x 4 heads on 2 warps (``TRANSPOSED_TILE``): a program reads runs of 4 heads of
+    each token and writes runs of 4 tokens of each head, each row in one piece (the pairs' tiles
+    move a row in three: the pairs' two halves and the channels past ``rotary_dim``).
+
+    - Chosen among 11 tiles (H200, 5 shuffled rounds, 2026-11-26, bf16 32q/8k half rotary and 8
+      variations): whole rows in 8 x 4 tiles on 4 warps came within a point of these but at
+      batch 1 forward (+1.6 points) and head_dim 64 backward (-2.0); the pairs in 8 x 4 on 4
+      warps were -0.8% to +7.5% against the tiles below; whole rows in 4 x 8 on 4 warps, 8 x 8
+      on 8, 8 x 4 or 16 x 4 on 2 warps 6-23% behind them at head_dim 128.
+    - Then this rule against the one before (H200, 7 shuffled rounds, 2026-11-26, forward /
+      backward, bf16 32q/8k, batch 16 x 4096 tokens, half rotary unless said): 0.924 -> 0.934 /
+      0.916 -> 0.950 of copy; fp16 +2.8% / +3.6%, a quarter rotated +6.4% / +8.9%, head_dim 64
+      +5.2% / +8.5% (fp32 +6.2% / +6.3%), fp32 head_dim 128 +0.2% / +0.6%, 1024 tokens -0.7% /
+      +2.0%, batch 1 and 2 +0.1-0.5% / +3.0-3.4%; the whole head rotated (not transposed) level.
+      With 2 k heads (16 rows of 2 heads x 8 tokens) it lost 6.9% / 1.1%, with 1 k head 6-7%:
+      fewer heads keep the tiles below, as does head_dim 256 (whole rows 12-20% behind).
 
     With ``WHOLE_ROWS`` on (off by default) whole rows come first (``_whole_rows``,
     ``whole_rows`` in the config): 16-bit half-split pairs whose rows are 256 B or more, every
@@ -627,6 +651,10 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     row = width * element_size
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
+    if (on_gpu and transposed and not interleaved and 64 <= width <= 128
+            and min(q_heads, k_heads) >= TRANSPOSED_TILE[1]):
+        return dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),
+                    block_h=TRANSPOSED_TILE[1], num_warps=2, all_heads=False, whole_rows=True)
     # One token's 2 KB head block per program, 2 warps: where rows are 256 B or more and k fills
     # a block (the cos/sin cache and Hugging Face's tables, as measured above).
     two_kb_blocks = row >= 256 and k_heads * row >= 2048
@@ -661,7 +689,15 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         max_tokens = 8
     block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
-    return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False)
+    # TransformerEngine's fused QKV (the one caller of TE's angle tables here), 16-bit half-split
+    # rows of 256 B or more: whole rows on these tiles. Against the pairs (H200, 7 shuffled
+    # rounds, 2026-11-26, forward / backward): 8 groups x 4 q +0.3% / +0.3%, 64 x 4 at 2 x 2048
+    # tokens +1.0% / +0.0%, 8 x 1 at batch 8 +0.2% / 0.0%, half rotary +0.7% / +0.5%, fp16 +0.4% /
+    # +0.2%. (0.4-0.8% in session 32's probe too; the cache and Hugging Face's tables lost.)
+    whole_rows = (on_gpu and angles == ANGLES["freqs"] and not interleaved and element_size == 2
+                  and row >= 256)
+    return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
+                whole_rows=whole_rows)
 
 
 def _loads_first(q_heads: int, k_heads: int, num_warps: int) -> dict:
@@ -711,8 +747,12 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     q_heads, k_heads = qg * qu, kg * ku
     on_gpu = device.type == "cuda"
     element_size = torch.empty((), dtype=dtype).element_size()
+    # Tokens and heads in the other memory order in the outputs than in the inputs (a size of 1
+    # has no order).
+    transposed = (seq_len > 1 and q_heads > 1
+                  and (abs(q_in[0]) < abs(q_in[2])) != (abs(q_out[0]) < abs(q_out[2])))
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         angles, rotary_dim, in_place)
+                         angles, rotary_dim, in_place, transposed)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # Programs of one head block index every part by the same block size; programs of all

@@ -116,6 +116,45 @@ def test_one_launch_and_gradient(seed, monkeypatch):
     torch.testing.assert_close(k.grad, k2.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_partial_rotary_transposed_tiles(dtype, head_dim, seed, monkeypatch):
+    """GPT-NeoX's partial rotary on the transposed views models hand over, whose contiguous
+    results are transposed against them: the tiles a GPU takes there (whole rows, 4 tokens x 4
+    heads: test_default_config_transposed), in the interpreter too; 7 tokens leave a masked tile.
+    Results against transformers' function and the float64 formula, gradients against autograd
+    through the float64 formula."""
+    real = rope_qk.default_config
+    monkeypatch.setattr(rope_qk, "default_config", lambda *a: real(*a[:5], True, *a[6:]))
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    b, s, hq, hk = 2, 7, 8, 4
+    config = transformers.GPTNeoXConfig(vocab_size=96, hidden_size=hq * head_dim,
+                                        intermediate_size=96, num_hidden_layers=1,
+                                        num_attention_heads=hq, max_position_embeddings=128,
+                                        rotary_pct=0.5)
+    cos, sin = _cos_sin(modeling_gpt_neox.GPTNeoXRotaryEmbedding(config), b, s, dtype, seed)
+    assert cos.shape[-1] == head_dim // 2
+    q = randn((b, s, hq, head_dim), dtype, seed).transpose(1, 2).requires_grad_(True)
+    k = randn((b, s, hk, head_dim), dtype, seed + 1).transpose(1, 2).requires_grad_(True)
+    ours = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    (plan,) = rope_qk._PLANS.values()
+    c = plan.constexprs
+    assert (c["ROW"], c["BLOCK_S"], c["BLOCK_H"], plan.num_warps) == (head_dim, 4, 4, 2)
+    theirs = modeling_gpt_neox.apply_rotary_pos_emb(q.detach(), k.detach(), cos, sin)
+    tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2}[dtype]
+    for name, o, r, x in zip("qk", ours, theirs, (q, k)):
+        assert _layout(o) == _layout(r), name
+        assert_rope_close(o, hf_reference(x.detach(), cos, sin), dtype, name)
+        torch.testing.assert_close(o.detach(), r, rtol=tol, atol=tol)
+    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
+    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
+    for name, x, w in zip("qk", (q, k), weights):
+        x64 = x.detach().double().requires_grad_(True)
+        # (autograd hands our backward the output's gradient in the output's dtype)
+        (hf_reference(x64, cos, sin) * w.to(dtype).double()).sum().backward()
+        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
+
+
 def _logits_and_grads(model, ids):
     model.zero_grad()
     out = model(input_ids=ids, labels=ids)

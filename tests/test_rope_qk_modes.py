@@ -245,15 +245,18 @@ def test_default_config_whole_rows(monkeypatch):
 
 
 def test_whole_rows_switch(monkeypatch):
-    """By default (``WHOLE_ROWS = False``) every entry point's tiles are the pairs', on a GPU and in
-    the interpreter; ``WHOLE_ROWS = True`` takes whole rows there, and the plan's ``ROW`` follows
-    the config: the next power of two of head_dim, 0 for interleaved pairs."""
+    """By default (``WHOLE_ROWS = False``) the cache's and Hugging Face's tiles are the pairs', on
+    a GPU and in the interpreter (but for transposed outputs: test_default_config_transposed),
+    fused QKV's too in the interpreter, whole rows on a GPU (test_default_config_fused_qkv);
+    ``WHOLE_ROWS = True`` takes whole rows for every table, and the plan's ``ROW`` follows the
+    config: the next power of two of head_dim, 0 for interleaved pairs."""
     assert rope_qk.WHOLE_ROWS is False
     for angles in rope_qk.ANGLES.values():
         for on_gpu in (True, False):
             for in_place in (False, True):
                 args = (4096, 32, 8, 128, 2, on_gpu, False, angles, 128, in_place)
-                assert not rope_qk.default_config(*args).get("whole_rows"), args
+                want = on_gpu and angles == rope_qk.ANGLES["freqs"]
+                assert bool(rope_qk.default_config(*args).get("whole_rows")) == want, args
     args = (4096, 32, 8, 128, 2, True, False, rope_qk.ANGLES["cache"], 128)
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", True)
     assert rope_qk.default_config(*args)["whole_rows"]
@@ -289,3 +292,90 @@ def test_cache_in_place_at_head_dim_128(dtype, q_heads, k_heads, seed):
     assert_rope_close(query, q_ref, dtype, "query")
     assert_rope_close(key, k_ref, dtype, "key")
     assert torch.equal(q_buf[:, -8:], q_tail) and torch.equal(k_buf[:, -8:], k_tail)
+
+
+def test_default_config_transposed(monkeypatch):
+    """Outputs whose tokens and heads are in the other memory order than the inputs' (Hugging
+    Face's partial rotary on transposed views): on a GPU, half-split rows of 64 or 128 channels
+    with at least 4 heads in q and in k take whole rows in tiles of 4 tokens x 4 heads on 2 warps,
+    in every dtype; fewer k heads, head_dim 256, interleaved pairs, the interpreter and outputs in
+    the inputs' order keep the other rules."""
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
+    hf_tables = rope_qk.ANGLES["cos_sin"]
+    want = dict(block_s=4, block_h=4, num_warps=2, all_heads=False, whole_rows=True)
+    for esize in (2, 4):
+        for q_heads, k_heads, head_dim in ((32, 8, 128), (16, 4, 128), (64, 8, 64), (8, 8, 80)):
+            args = (4096, q_heads, k_heads, head_dim, esize, True, False, hf_tables,
+                    head_dim // 2, False)
+            assert rope_qk.default_config(*args, True) == want, args
+            assert rope_qk.default_config(*args, False) != want, args
+            assert rope_qk.default_config(*args[:5], False, *args[6:], True) != want, args
+            assert rope_qk.default_config(*args[:6], True, *args[7:], True) != want, args
+        for q_heads, k_heads, head_dim in ((16, 2, 128), (8, 1, 128), (16, 4, 256), (16, 4, 32)):
+            got = rope_qk.default_config(4096, q_heads, k_heads, head_dim, esize, True, False,
+                                         hf_tables, head_dim // 2, False, True)
+            assert not got.get("whole_rows"), (q_heads, k_heads, head_dim, got)
+    # Fewer tokens than a tile: the tile's tokens shrink to their next power of two.
+    assert rope_qk.default_config(3, 32, 8, 128, 2, True, False, hf_tables, 64, False,
+                                  True) == want
+    assert rope_qk.default_config(2, 32, 8, 128, 2, True, False, hf_tables, 64, False,
+                                  True) == dict(want, block_s=2)
+
+
+def test_default_config_fused_qkv():
+    """Fused QKV (TransformerEngine's angle tables) on a GPU: whole rows on the pairs' tiles for
+    16-bit half-split rows of 256 B or more; fp32, 128 B rows, interleaved pairs and the
+    interpreter keep the pairs."""
+    freqs = rope_qk.ANGLES["freqs"]
+    for q_heads, k_heads, head_dim in ((32, 8, 128), (8, 8, 128), (16, 4, 256), (8, 8, 160)):
+        got = rope_qk.default_config(4096, q_heads, k_heads, head_dim, 2, True, False, freqs,
+                                     head_dim)
+        pairs = rope_qk.default_config(4096, q_heads, k_heads, head_dim, 2, False, False, freqs,
+                                       head_dim)
+        assert got["whole_rows"] is True and not pairs.get("whole_rows"), (q_heads, head_dim)
+    for esize, head_dim, interleaved in ((4, 128, False), (2, 64, False), (2, 128, True)):
+        got = rope_qk.default_config(4096, 32, 8, head_dim, esize, True, interleaved, freqs,
+                                     head_dim)
+        assert not got.get("whole_rows"), (esize, head_dim, interleaved)
+
+
+def test_plan_sees_transposed_outputs(monkeypatch):
+    """What ``_plan`` passes default_config as ``transposed``: true only where the results' tokens
+    and heads are in the other memory order than the inputs' (Hugging Face's partial rotary on
+    the transposed views models hand over)."""
+    seen = []
+    real = rope_qk.default_config
+
+    def spy(*args):
+        seen.append(args[10])
+        return real(*args)
+
+    monkeypatch.setattr(rope_qk, "default_config", spy)
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    b, s, hq, hk, d = 2, 5, 4, 4, 16
+    q_mem, k_mem = randn((b, s, hq, d), torch.float32, 0), randn((b, s, hk, d), torch.float32, 1)
+    angles = randn((b, s, d // 2), torch.float32, 2)
+
+    def tables(r):
+        emb = torch.cat((angles[..., : r // 2], angles[..., : r // 2]), -1)
+        return emb.cos(), emb.sin()
+
+    cases = [  # (q, k, rotary_dim, heads_axis, transposed)
+        (q_mem.transpose(1, 2), k_mem.transpose(1, 2), 8, 1, True),
+        (q_mem.transpose(1, 2), k_mem.transpose(1, 2), d, 1, False),  # results like the inputs
+        (q_mem.transpose(1, 2).contiguous(), k_mem.transpose(1, 2).contiguous(), 8, 1, False),
+        (q_mem, k_mem, 8, 2, False),
+    ]
+    for q, k, r, axis, transposed in cases:
+        seen.clear()
+        rope_qk.rope_cos_sin(q, k, *tables(r), axis)
+        assert seen == [transposed], (q.stride(), r, axis)
+    seen.clear()
+    positions = torch.arange(s, device=DEVICE)
+    rope_qk.rope_cos_sin_cache(positions, q_mem[0].reshape(s, -1), k_mem[0].reshape(s, -1), d,
+                               make_cache(8, 8))
+    qkv = randn((s, b, 2, 3 * d), torch.float32, 3)
+    rope_qk.rope_qkv(qkv, RotaryPositionEmbedding(8, device=DEVICE)(s),
+                     RotaryPositionEmbedding(8, device=DEVICE)(s), [d, d, d])
+    assert seen == [False, False]
+
