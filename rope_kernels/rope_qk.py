@@ -568,7 +568,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
       variations): whole rows in 8 x 4 tiles on 4 warps came within a point of these but at
       batch 1 forward (+1.6 points) and head_dim 64 backward (-2.0); the pairs in 8 x 4 on 4
       warps were -0.8% to +7.5% against the tiles below; whole rows in 4 x 8 on 4 warps, 8 x 8
-      on 8, 8 x 4 or 16 x 4 on 2 warps 6-23% behind them at head_dim 128.
+      on 8, 8 x 4 on 2 or 16 x 4 on 4 warps 6-23% behind them at head_dim 128 in 16-bit.
     - Then this rule against the one before (H200, 7 shuffled rounds, 2026-11-26, forward /
       backward, bf16 32q/8k, batch 16 x 4096 tokens, half rotary unless said): 0.924 -> 0.934 /
       0.916 -> 0.950 of copy; fp16 +2.8% / +3.6%, a quarter rotated +6.4% / +8.9%, head_dim 64
