@@ -569,13 +569,15 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
       batch 1 forward (+1.6 points) and head_dim 64 backward (-2.0); the pairs in 8 x 4 on 4
       warps were -0.8% to +7.5% against the tiles below; whole rows in 4 x 8 on 4 warps, 8 x 8
       on 8, 8 x 4 on 2 or 16 x 4 on 4 warps 6-23% behind them at head_dim 128 in 16-bit.
-    - Then this rule against the one before (H200, 7 shuffled rounds, 2026-11-26, forward /
-      backward, bf16 32q/8k, batch 16 x 4096 tokens, half rotary unless said): 0.924 -> 0.934 /
-      0.916 -> 0.950 of copy; fp16 +2.8% / +3.6%, a quarter rotated +6.4% / +8.9%, head_dim 64
-      +5.2% / +8.5% (fp32 +6.2% / +6.3%), fp32 head_dim 128 +0.2% / +0.6%, 1024 tokens -0.7% /
-      +2.0%, batch 1 and 2 +0.1-0.5% / +3.0-3.4%; the whole head rotated (not transposed) level.
-      With 2 k heads (16 rows of 2 heads x 8 tokens) it lost 6.9% / 1.1%, with 1 k head 6-7%:
-      fewer heads keep the tiles below, as does head_dim 256 (whole rows 12-20% behind).
+    - Then this rule against the one before (``scripts/qk_transposed_tiles.py``,
+      figures/qk_transposed_tiles_h200.json: H200, 7 shuffled rounds, forward / backward, bf16
+      32q/8k, batch 16 x 4096 tokens, half rotary unless said): 0.926 -> 0.934 / 0.915 -> 0.948
+      of copy; fp16 +2.5% / +3.5%, a quarter rotated +6.2% / +8.7%, 16q/4k +1.9% / +2.4%, 64q/8k
+      +0.6% / +4.0%, head_dim 64 +5.1% / +8.7% (fp32 +6.3% / +6.4%), fp32 head_dim 128 +0.2% /
+      +0.6%, 1024 tokens -1.0% / +2.5%, batch 1 and 2 +0.2-0.7% / +3.4-3.5%; the controls (2 k
+      heads, the whole head rotated) level. In a probe before it (not recorded) the rule lost
+      6.9% / 1.1% with 2 k heads (16 rows of 2 heads x 8 tokens) and 6-7% with 1: fewer heads
+      keep the tiles below, as does head_dim 256 (whole rows 12-20% behind).
 
     With ``WHOLE_ROWS`` on (off by default) whole rows come first (``_whole_rows``,
     ``whole_rows`` in the config): 16-bit half-split pairs whose rows are 256 B or more, every
@@ -690,10 +692,11 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
     # TransformerEngine's fused QKV (the one caller of TE's angle tables here), 16-bit half-split
-    # rows of 256 B or more: whole rows on these tiles. Against the pairs (H200, 7 shuffled
-    # rounds, 2026-11-26, forward / backward): 8 groups x 4 q +0.3% / +0.3%, 64 x 4 at 2 x 2048
-    # tokens +1.0% / +0.0%, 8 x 1 at batch 8 +0.2% / 0.0%, half rotary +0.7% / +0.5%, fp16 +0.4% /
-    # +0.2%. (0.4-0.8% in session 32's probe too; the cache and Hugging Face's tables lost.)
+    # rows of 256 B or more: whole rows on these tiles. Against the pairs
+    # (figures/qk_transposed_tiles_h200.json: H200, 7 shuffled rounds, forward / backward): 8
+    # groups x 4 q +0.4% / +0.4%, 64 x 4 at 2 x 2048 tokens +1.2% / -0.1%, 8 x 1 at batch 8 +0.8% /
+    # +0.4%, half rotary +0.8% / +0.8%, fp16 +0.5% / +0.3%. (The cache and Hugging Face's tables
+    # lost with whole rows on their tiles: docs/performance_notes.md.)
     whole_rows = (on_gpu and angles == ANGLES["freqs"] and not interleaved and element_size == 2
                   and row >= 256)
     return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
