@@ -175,7 +175,11 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     first = c < half
     row = t_row[:, None]
     mask = s_mask[:, None] & rotated[None, :]
-    s_ch = partner if BACKWARD else c  # the channel whose sine multiplies x[partner(c)]
+    # The channel whose sine multiplies x[partner(c)]: c itself in the forward, written through
+    # tl.where (c wherever the sine is loaded), which ran Hugging Face's transposed forward
+    # (bf16, head_dim 128) 1.5-2.4% faster than the plain index c on an H200, level elsewhere
+    # (probe, 5 rounds, not recorded; docs/performance_notes.md). Why is not examined.
+    s_ch = partner if BACKWARD else tl.where(rotated, c, partner)
     if ANGLES == 1:  # cos_sin_cache rows: pair j's cos at j, its sin at d2/2 + j
         j = tl.where(first, c, c - half)
         cos = _table_row(table_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)

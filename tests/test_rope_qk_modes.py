@@ -379,3 +379,34 @@ def test_plan_sees_transposed_outputs(monkeypatch):
                      RotaryPositionEmbedding(8, device=DEVICE)(s), [d, d, d])
     assert seen == [False, False]
 
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("config", [
+    dict(block_s=2, block_h=2, num_warps=4, all_heads=False, whole_rows=True),
+    dict(block_s=4, block_h=4, num_warps=2, all_heads=False, whole_rows=True),  # transposed tiles
+    dict(block_s=2, block_h=2, num_warps=4, all_heads=False)], ids=["rows", "rows4x4", "pairs"])
+def test_hf_tables_whose_halves_differ(config, backward, seed, monkeypatch):
+    """Hugging Face's cos and sin as given, whose two halves differ (transformers' formula does
+    not need them equal): the forward takes each channel's own cos and sin, the backward is its
+    exact transpose (checked with autograd through the float64 formula), with whole rows and
+    pairs, partial rotary on transposed views. A kernel that took the partner's sine where the
+    channel's own is meant (or the other way round) passes with RoPE's tables, not here."""
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(config))
+    b, s, hq, hk, d, r = 2, 5, 4, 4, 16, 12
+    q = randn((b, s, hq, d), torch.bfloat16, seed).transpose(1, 2)
+    k = randn((b, s, hk, d), torch.bfloat16, seed + 1).transpose(1, 2)
+    cos = randn((b, s, r), torch.float32, seed + 2)
+    sin = randn((b, s, r), torch.float32, seed + 3)
+    q_out, k_out = rope_qk.rope_cos_sin(q, k, cos, sin, heads_axis=1, backward=backward)
+    (plan,) = rope_qk._PLANS.values()
+    assert plan.constexprs["ROW"] == (16 if config.get("whole_rows") else 0)
+    for name, x, out in (("q", q, q_out), ("k", k, k_out)):
+        if backward:  # x is the output's gradient: the input's, through autograd
+            x64 = torch.zeros(x.shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
+            hf_reference(x64, cos, sin).backward(x.double())
+            want = x64.grad
+        else:
+            want = hf_reference(x, cos, sin)
+        assert_rope_close(out, want, torch.bfloat16, name)
