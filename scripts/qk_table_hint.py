@@ -77,6 +77,17 @@ def copy_qk_kernel(q_ptr, q_out_ptr, k_ptr, k_out_ptr, table_ptr, seq_len,
     tl.store(k_out_ptr + token * K_HEADS * D + kc, k)
 
 
+def module_copy(name: str, path) -> object:
+    """The rope_qk source at ``path`` loaded as its own module ``name``, launched through the
+    package's thin launch as the package's own is (the scripts' A/B sides)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    module.launch = _launch.thin_launch
+    return module
+
+
 def unhinted_module():
     """rope_qk.py with its table hint removed, as a module launched like the package's."""
     source = pathlib.Path(hinted.__file__).read_text()
@@ -88,18 +99,14 @@ def unhinted_module():
     folder = pathlib.Path(tempfile.mkdtemp())
     path = folder / "rope_qk_unhinted.py"
     path.write_text(plain)
-    spec = importlib.util.spec_from_file_location("rope_qk_unhinted", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rope_qk_unhinted"] = module
-    spec.loader.exec_module(module)
-    module.launch = _launch.thin_launch
-    return module
+    return module_copy("rope_qk_unhinted", path)
 
 
-def shuffled_rounds(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    """name -> median fraction of copy over ``rounds`` shuffled rounds (``bench.shuffled_rounds``)."""
+def shuffled_rounds(fns: dict, nbytes: int, copy: float, rounds: int, timer=None) -> dict:
+    """name -> median fraction of copy over ``rounds`` shuffled rounds (``bench.shuffled_rounds``,
+    timed by ``timer``: do_bench unless given)."""
     return {name: round(sorted(v)[len(v) // 2], 4)
-            for name, v in bench_shuffled_rounds(fns, nbytes, copy, rounds).items()}
+            for name, v in bench_shuffled_rounds(fns, nbytes, copy, rounds, timer=timer).items()}
 
 
 def calls(module, p: QKProblem, mode: str):

@@ -23,7 +23,6 @@ them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import sys
@@ -37,7 +36,11 @@ sys.path.insert(0, str(ROOT))
 from rope_kernels import _launch  # noqa: E402
 from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import (QKProblem, QKVProblem, copy_bandwidth_gbps, provenance,  # noqa: E402
-                                shuffled_rounds, time_ms_host_ahead)
+                                time_ms_host_ahead)
+
+sys.path.insert(0, str(ROOT / "scripts"))
+# A second copy of rope_qk.py as its own module, and medians of shuffled rounds.
+from qk_table_hint import module_copy, shuffled_rounds  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128, half rotated
 # unless said)
@@ -60,11 +63,7 @@ QKV_SHAPES = {
 
 def wrapped_module(name: str, wrap):
     """rope_qk.py loaded again as its own module, its default_config wrapped by ``wrap``."""
-    spec = importlib.util.spec_from_file_location(name, rope_qk.__file__)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    module.launch = _launch.thin_launch
+    module = module_copy(name, rope_qk.__file__)
     real = module.default_config
     module.default_config = lambda *args: wrap(real, *args)
     return module
@@ -79,9 +78,9 @@ def qkv_pairs(real, *args):
 
 
 def medians(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    timer = time_ms_host_ahead if nbytes < 200e6 else None
-    row = shuffled_rounds(fns, nbytes, copy, rounds, timer=timer)
-    return {name: round(sorted(v)[len(v) // 2], 4) for name, v in row.items()}
+    """``qk_table_hint.shuffled_rounds``, timed with the host kept ahead under 200 MB."""
+    return shuffled_rounds(fns, nbytes, copy, rounds,
+                           timer=time_ms_host_ahead if nbytes < 200e6 else None)
 
 
 def main(argv=None):

@@ -20,7 +20,6 @@ median; bytes as the benchmark counts them).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import sys
@@ -37,7 +36,7 @@ from rope_kernels.bench import QKProblem, QKVProblem, copy_bandwidth_gbps, prove
 
 sys.path.insert(0, str(ROOT / "scripts"))
 # Each entry point's call on a given rope_qk module, and medians of shuffled rounds.
-from qk_table_hint import calls, shuffled_rounds  # noqa: E402
+from qk_table_hint import calls, module_copy, shuffled_rounds  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128 unless said)
 SHAPES = {
@@ -53,12 +52,8 @@ MODES = ("cache out of place", "cache in place", "cache backward", "hf", "hf bac
 
 def pairs_module():
     """rope_qk.py loaded again as its own module, with whole rows off."""
-    spec = importlib.util.spec_from_file_location("rope_qk_pairs", rows.__file__)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["rope_qk_pairs"] = module
-    spec.loader.exec_module(module)
+    module = module_copy("rope_qk_pairs", rows.__file__)
     module.WHOLE_ROWS = False
-    module.launch = _launch.thin_launch
     return module
 
 
