@@ -274,6 +274,15 @@ def _cos_sin_row(freqs_ptr, pos, c, partner, rotary_dim, f_stride_s, f_stride_d,
 
 
 @triton.jit
+def _per_row(v, PAIRS: tl.constexpr):
+    """Per-position values ``[BLOCK_S, W]`` as the tile's rows ``[PAIRS * BLOCK_S, W]``: row r
+    takes position r % BLOCK_S (the kernel's row order)."""
+    BLOCK_S: tl.constexpr = v.shape[0]
+    W: tl.constexpr = v.shape[1]
+    return tl.reshape(tl.broadcast_to(v[None, :, :], (PAIRS, BLOCK_S, W)), (PAIRS * BLOCK_S, W))
+
+
+@triton.jit
 def _as_words(ptr):
     """``ptr`` seen as one word per pair of elements: uint32 for 16-bit dtypes, uint64 for 32-bit."""
     if ptr.dtype.element_ty.primitive_bitwidth == 16:
@@ -379,13 +388,22 @@ def rope_2d_kernel(
     pid_s = (pid % per_group) // (group_b * h_blocks)
 
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S] rows (positions or tokens)
-    # The (batch element, head) pairs of the tile share one axis, heads fastest: [BLOCK_B*BLOCK_H]
-    bh = tl.arange(0, BLOCK_B * BLOCK_H)
+    s_mask = s_idx < seq_len
+    # The tile is 2-D: [ROWS, channels], one row per (position, batch element, head), positions
+    # fastest: row r is position r % BLOCK_S of (batch element, head) pair r // BLOCK_S, heads
+    # fastest. The cos/sin of the BLOCK_S positions are broadcast to the rows (_per_row). A 3-D
+    # tile [BLOCK_S, BLOCK_B*BLOCK_H, channels] with cos/sin broadcast over its middle axis
+    # computes the same, but Triton 3.7 spreads such a tile's threads over the middle axis and
+    # moves cos/sin through shared memory to match (3-15% slower than on Triton 3.6 on an H200);
+    # on 2-D tiles both versions give each thread rows of one position, with no such move.
+    ROWS: tl.constexpr = BLOCK_S * BLOCK_B * BLOCK_H
+    r = tl.arange(0, ROWS)
+    bh = r // BLOCK_S
+    s_row = pid_s * BLOCK_S + r % BLOCK_S
     b_idx = pid_b * BLOCK_B + bh // BLOCK_H
     h_idx = pid_h * BLOCK_H + bh % BLOCK_H
     j = tl.arange(0, HALF)  # [HALF] pair index
-    s_mask = s_idx < seq_len
-    bh_mask = (b_idx < batch) & (h_idx < heads)
+    r_mask = (s_row < seq_len) & (b_idx < batch) & (h_idx < heads)  # [ROWS]
     j_mask = j < rotary_dim // 2
 
     # Channels of pair j: half-split (GPT-NeoX) pairs j with j + d2/2; interleaved (GPT-J) 2j, 2j+1.
@@ -397,16 +415,18 @@ def rope_2d_kernel(
         c2 = j + rotary_dim // 2
     if INT64:
         s_idx = s_idx.to(tl.int64)
+        s_row = s_row.to(tl.int64)
         b_idx = b_idx.to(tl.int64)
         h_idx = h_idx.to(tl.int64)
         c1 = c1.to(tl.int64)
         c2 = c2.to(tl.int64)
 
-    # [BLOCK_S, BLOCK_B*BLOCK_H, 1] offsets of each (row, batch element, head); channels are
-    # added on the last axis.
-    x_sbh = s_idx[:, None, None] * x_stride_s + (b_idx * x_stride_b + h_idx * x_stride_h)[None, :, None]
-    o_sbh = s_idx[:, None, None] * o_stride_s + (b_idx * o_stride_b + h_idx * o_stride_h)[None, :, None]
-    mask = s_mask[:, None, None] & bh_mask[None, :, None] & j_mask[None, None, :]
+    # [ROWS, 1] offsets of each row's (position, batch element, head); channels are added on
+    # the last axis.
+    x_sbh = (s_row * x_stride_s + b_idx * x_stride_b + h_idx * x_stride_h)[:, None]
+    o_sbh = (s_row * o_stride_s + b_idx * o_stride_b + h_idx * o_stride_h)[:, None]
+    row_mask = r_mask[:, None]
+    mask = row_mask & j_mask[None, :]
 
     if PAIRS_AS_WORDS:
         # Interleaved pairs are adjacent channels: with the last axis contiguous and everything
@@ -430,30 +450,29 @@ def rope_2d_kernel(
         # Whole rows (half-split pairs): each row in one load, and again through the channels'
         # partners (the same lines, from L1); one store below.
         c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
-        row_mask = s_mask[:, None, None] & bh_mask[None, :, None]
-        xr = tl.load(x_ptr + x_sbh + c[None, None, :] * x_stride_d,
-                     mask=row_mask & (c < head_dim)[None, None, :])
-        xq = tl.load(x_ptr + x_sbh + partner[None, None, :] * x_stride_d,
-                     mask=row_mask & rotated[None, None, :], other=0.0)
+        xr = tl.load(x_ptr + x_sbh + c[None, :] * x_stride_d,
+                     mask=row_mask & (c < head_dim)[None, :])
+        xq = tl.load(x_ptr + x_sbh + partner[None, :] * x_stride_d,
+                     mask=row_mask & rotated[None, :], other=0.0)
     elif PAIRS_AS_WORDS:
         # One word load per pair, as wide and coalesced as the half-split loads, and no
         # shuffling of registers.
-        x1, x2 = _load_pairs(x_ptr, x_sbh + j[None, None, :], mask)
+        x1, x2 = _load_pairs(x_ptr, x_sbh + j[None, :], mask)
     elif INTERLEAVED:
         # Other interleaved layouts: load each row as [..., HALF, 2] (wide, coalesced loads)
         # and split it, rather than two stride-2 gathers. The split costs registers.
-        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
-        mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
-        x12 = tl.load(x_ptr + x_sbh[:, :, :, None] + c12 * x_stride_d, mask=mask12)
+        c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, :, :]  # [1, HALF, 2]
+        mask12 = mask[:, :, None] & (c12 < rotary_dim)
+        x12 = tl.load(x_ptr + x_sbh[:, :, None] + c12 * x_stride_d, mask=mask12)
     else:
-        x1 = tl.load(x_ptr + x_sbh + c1[None, None, :] * x_stride_d, mask=mask)
-        x2 = tl.load(x_ptr + x_sbh + c2[None, None, :] * x_stride_d, mask=mask)
+        x1 = tl.load(x_ptr + x_sbh + c1[None, :] * x_stride_d, mask=mask)
+        x2 = tl.load(x_ptr + x_sbh + c2[None, :] * x_stride_d, mask=mask)
     if PASS > 0:
         p = rotary_units + tl.arange(0, PASS)  # channels past rotary_dim, copied through
         if INT64:
             p = p.to(tl.int64)
-        p_mask = s_mask[:, None, None] & bh_mask[None, :, None] & (p < head_units)[None, None, :]
-        xp = tl.load(x_base + x_sbh + p[None, None, :] * x_stride_d, mask=p_mask)
+        p_mask = row_mask & (p < head_units)[None, :]
+        xp = tl.load(x_base + x_sbh + p[None, :] * x_stride_d, mask=p_mask)
 
     if TOKEN_ROWS:
         if PDL_WAIT:
@@ -481,9 +500,10 @@ def rope_2d_kernel(
         cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
                                 f_stride_s, f_stride_d, s_mask[:, None] & rotated[None, :],
                                 BACKWARD, FAST_TRIG, GATHER_SINES, BLOCK_S, ROW)
-        y = xr.to(tl.float32) * cos[:, None, :] + xq.to(tl.float32) * sin[:, None, :]
-        tl.store(out_ptr + o_sbh + c[None, None, :] * o_stride_d,
-                 y.to(out_ptr.dtype.element_ty), mask=row_mask & (c < head_dim)[None, None, :])
+        y = (xr.to(tl.float32) * _per_row(cos, BLOCK_B * BLOCK_H)
+             + xq.to(tl.float32) * _per_row(sin, BLOCK_B * BLOCK_H))
+        tl.store(out_ptr + o_sbh + c[None, :] * o_stride_d,
+                 y.to(out_ptr.dtype.element_ty), mask=row_mask & (c < head_dim)[None, :])
     else:
         sj_mask = s_mask[:, None] & j_mask[None, :]
         cos1, sin1, cos2, sin2 = _cos_sin(freqs_ptr, pos[:, None], c1[None, :], c2[None, :],
@@ -494,20 +514,24 @@ def rope_2d_kernel(
         else:
             x1 = x1.to(tl.float32)
             x2 = x2.to(tl.float32)
-        y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
-        y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+        cos1 = _per_row(cos1, BLOCK_B * BLOCK_H)
+        sin1 = _per_row(sin1, BLOCK_B * BLOCK_H)
+        cos2 = _per_row(cos2, BLOCK_B * BLOCK_H)
+        sin2 = _per_row(sin2, BLOCK_B * BLOCK_H)
+        y1 = x1 * cos1 - x2 * sin1
+        y2 = x2 * cos2 + x1 * sin2
         if PAIRS_AS_WORDS:
-            _store_pairs(out_ptr, o_sbh + j[None, None, :], y1, y2, mask)
+            _store_pairs(out_ptr, o_sbh + j[None, :], y1, y2, mask)
         elif INTERLEAVED:
             y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + o_sbh[:, :, :, None] + c12 * o_stride_d, y12, mask=mask12)
+            tl.store(out_ptr + o_sbh[:, :, None] + c12 * o_stride_d, y12, mask=mask12)
         else:
-            tl.store(out_ptr + o_sbh + c1[None, None, :] * o_stride_d,
+            tl.store(out_ptr + o_sbh + c1[None, :] * o_stride_d,
                      y1.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.store(out_ptr + o_sbh + c2[None, None, :] * o_stride_d,
+            tl.store(out_ptr + o_sbh + c2[None, :] * o_stride_d,
                      y2.to(out_ptr.dtype.element_ty), mask=mask)
         if PASS > 0:
-            tl.store(o_base + o_sbh + p[None, None, :] * o_stride_d, xp, mask=p_mask)
+            tl.store(o_base + o_sbh + p[None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
