@@ -177,8 +177,9 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     mask = s_mask[:, None] & rotated[None, :]
     # The channel whose sine multiplies x[partner(c)]: c itself in the forward, written through
     # tl.where (c wherever the sine is loaded), which ran Hugging Face's transposed forward
-    # (bf16, head_dim 128) 1.5-2.4% faster than the plain index c on an H200, level elsewhere
-    # (probe, 5 rounds, not recorded; docs/performance_notes.md). Why is not examined.
+    # (bf16, head_dim 128) 1.4-2.4% faster than the plain index c on an H200 with triton 3.6,
+    # level elsewhere and on 3.7.1 (probes, not recorded; docs/performance_notes.md: the same
+    # instructions in another order, 64 registers against 66).
     s_ch = partner if BACKWARD else tl.where(rotated, c, partner)
     if ANGLES == 1:  # cos_sin_cache rows: pair j's cos at j, its sin at d2/2 + j
         j = tl.where(first, c, c - half)
