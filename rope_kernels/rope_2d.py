@@ -636,6 +636,8 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       whole rows ran 0.995-1.011 forward, 1.000-1.007 backward (8 heads and in place are the
       two below 1, by 0.4-0.5%; the file's two forward variants are the same kernel and differ
       by up to 0.5%, 1.7% in place).
+      bshd rows of more than BSHD_WHOLE_ROW_MAX_BYTES (head_dim 256) keep the pairs: their
+      whole-row backward is slow on the 2-D tiles (see there).
       ``WHOLE_ROWS = True`` takes whole rows on twice the tile's warps (at most 8): 1.002-1.016
       of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200 (below 0.97 at 22
       of 32 points; the full benchmark with it lost up to 18% there), so it is off. A
@@ -661,7 +663,9 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
         cfg["whole_rows"] = True
         cfg["num_warps"] = min(8, 2 * cfg["num_warps"])  # the same tile on twice the warps
     else:
-        cfg["whole_rows"] = whole and tensor_format in WHOLE_ROW_FORMATS  # on the tile's warps
+        cfg["whole_rows"] = (whole and tensor_format in WHOLE_ROW_FORMATS  # on the tile's warps
+                             and not (tensor_format == "bshd"
+                                      and head_dim * element_size > BSHD_WHOLE_ROW_MAX_BYTES))
     # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
@@ -688,6 +692,12 @@ WHOLE_ROW_BYTES = 256
 # stays with bshd.
 GATHER_SINES_FORMATS = ("bshd",)
 GATHER_SINES_POSITIONS = 4
+# bshd rows longer than this (head_dim 256 in 16-bit) keep the pairs. On the 2-D tiles (5a5ea57)
+# their whole-row backward ran at 0.80-0.81 of copy on an H200 with the sines gathered, 0.93
+# computing them again, against 0.935 / 0.978 for the pairs (16 / 32 heads; the 3-D tiles'
+# whole rows before: 0.939 / 0.977); forward, whole rows and pairs within 0.3% (probe, triton
+# 3.6, 5 shuffled rounds, not recorded; docs/performance_notes.md).
+BSHD_WHOLE_ROW_MAX_BYTES = 256
 
 
 TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)

@@ -741,7 +741,8 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
 def test_default_config_whole_rows(monkeypatch):
     """By default (``WHOLE_ROWS = False``) 16-bit half-split rows of 256 B or more (head_dim 128
     and up) on a GPU keep the pairs' tile and warps and move them as whole rows, in every format,
-    in place and with partial rotary too. bshd tiles of 4 positions or more gather the
+    in place and with partial rotary too, except bshd rows of more than 256 B (head_dim 256),
+    which keep the pairs. bshd tiles of 4 positions or more gather the
     backward's partner sines in registers (``gather_sines``) where rotary_dim is a power of two.
     fp32, interleaved pairs, 128 B rows and the CPU keep the pairs. With ``WHOLE_ROWS = True`` every format takes whole rows on twice the
     tile's warps (at most 8)."""
@@ -786,7 +787,6 @@ def test_default_config_whole_rows(monkeypatch):
                              ((1, 64, 32, 128, 128, gpu, 2, False, "sbhd"), {}, False),  # decode
                              ((4096, 16, 32, 128, 128, gpu, 2, False, "bshd"), {}, True),
                              ((4096, 16, 32, 128, 64, gpu, 2, False, "bshd"), {}, True),
-                             ((4096, 16, 16, 256, 256, gpu, 2, False, "bshd"), {}, True),  # 4 pos.
                              ((4096, 16, 8, 128, 128, gpu, 2, False, "bshd"), {}, False),  # 2 KB
                              ((4096, 16, 8, 128, 96, gpu, 2, False, "bshd"), {}, False),  # 1 pos.
                              ((4096, 16, 32, 128, 96, gpu, 2, False, "bshd"), {}, False),  # 96
@@ -797,7 +797,7 @@ def test_default_config_whole_rows(monkeypatch):
         assert default["whole_rows"] is True, args
         assert default["gather_sines"] is gather, args
         assert gather is (default["block_s"] >= 4 and args[-1] == "bshd"
-                          and args[4] in (64, 128, 256)), args
+                          and args[4] in (64, 128)), args
         # With the flag on: the same tile as whole rows on twice the warps.
         assert cfg(*args, whole=True, **kw) == dict(
             default, num_warps=min(8, 2 * default["num_warps"])), args
@@ -806,6 +806,12 @@ def test_default_config_whole_rows(monkeypatch):
     args = (4096, 16, 32, 128, 96, gpu, 2, False, "bshd")
     default = cfg(*args)
     assert (default["block_s"], default["whole_rows"], default["gather_sines"]) == (4, True, False)
+    # bshd rows of more than 256 B keep the pairs (the flag on still takes whole rows).
+    assert r2.BSHD_WHOLE_ROW_MAX_BYTES == 256
+    args = (4096, 16, 16, 256, 256, gpu, 2, False, "bshd")
+    assert cfg(*args) == pairs_of(cfg(*args))
+    assert cfg(*args, whole=True)["whole_rows"] is True
+    assert cfg(4096, 16, 16, 256, 256, gpu, 2, False, "sbhd")["whole_rows"] is True
     # Never whole rows: fp32, interleaved pairs, 128 B rows, the interpreter.
     for args in ((4096, 16, 32, 128, 128, gpu, 4, False, "sbhd"),  # fp32
                  (4096, 16, 32, 128, 128, gpu, 4, False, "thd"),

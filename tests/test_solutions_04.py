@@ -45,6 +45,8 @@ SHAPES = [
     ((16, 4096, 32, 128), "bshd", 128, 2, False),   # 8 positions x 4 heads: gathered sines
     ((16, 4096, 32, 128), "bshd", 96, 2, False),    # the same tile, rotary 96: no gather
     ((16, 4096, 8, 128), "bshd", 96, 2, False),     # rows of all heads, rotary 96
+    ((16, 4096, 16, 256), "bshd", 256, 2, False),   # 512 B rows: bshd keeps the pairs
+    ((4096, 16, 16, 256), "sbhd", 256, 2, False),   # the same rows in sbhd: whole
 ]
 
 

@@ -56,7 +56,8 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
       rows, on the tile's own warps (with ``whole_rows``, i.e. ``rope_2d.WHOLE_ROWS``, off by
       default: on twice the warps, at most 8); bshd tiles of 4 positions or more gather the
       backward's partner sines in registers (``gather_sines``) where ``rotary_dim`` is a power
-      of two. Interleaved pairs, fp32 and narrower rows keep the pairs;
+      of two. Interleaved pairs, fp32, narrower rows and, by default, bshd rows of more than
+      256 B keep the pairs;
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
     ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
@@ -113,6 +114,8 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
     if group_b is None:
         group_b = max(1, b_blocks)
     rows_fit = on_gpu and element_size == 2 and not interleaved and d * element_size >= 256
+    if tensor_format == "bshd" and d * element_size > 256 and not whole_rows:
+        rows_fit = False  # longer bshd rows keep the pairs (their whole-row backward is slow)
     if rows_fit and whole_rows:  # the opt-in: twice the warps
         num_warps = min(8, 2 * num_warps)
     # bshd tiles of 4 positions or more gather the backward's partner sines in registers
