@@ -394,8 +394,8 @@ def rope_2d_kernel(
     # fastest. The cos/sin of the BLOCK_S positions are broadcast to the rows (_per_row). A 3-D
     # tile [BLOCK_S, BLOCK_B*BLOCK_H, channels] with cos/sin broadcast over its middle axis
     # computes the same, but Triton 3.7 spreads such a tile's threads over the middle axis and
-    # moves cos/sin through shared memory to match (3-15% slower than on Triton 3.6 on an H200);
-    # on 2-D tiles both versions give each thread rows of one position, with no such move.
+    # moves cos/sin through shared memory to match (up to 15% slower on an H200,
+    # scripts/flat_tiles.py); on 2-D tiles both versions give each thread rows of one position.
     ROWS: tl.constexpr = BLOCK_S * BLOCK_B * BLOCK_H
     r = tl.arange(0, ROWS)
     bh = r // BLOCK_S
