@@ -1,4 +1,4 @@
-"""Both kernels' 2-D tiles against the 3-D tiles before them, on this machine's Triton (GPU only).
+"""rope_2d's and rope_qk's whole-row 2-D tiles against the 3-D tiles before them (GPU only).
 
     mkdir -p /tmp/before && for f in rope_2d rope_qk; do
         git show b16f619:rope_kernels/$f.py > /tmp/before/$f.py; done
