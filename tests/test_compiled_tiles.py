@@ -1,0 +1,206 @@
+"""What Triton makes of the kernels' tiles, compiled for an H100/H200 (sm_90) without a GPU.
+
+Triton picks which thread holds which element of a tile. On a 3-D tile [positions, heads,
+channels] whose cos/sin are broadcast over the heads, Triton 3.7 put the threads over the heads,
+and the cos/sin went through shared memory to meet them (more registers, barriers; 5-18% slower
+on an H200 than the same code compiled by Triton 3.6, figures/flat_tiles_h200_triton37.json).
+The kernels now hold 2-D tiles, rows of one position each. These tests compile the kernel files
+for sm_90 through Triton's ``warmup`` with a stand-in driver (no GPU, no launch) and check the
+compiled kernels for what that change bought, so that a rewrite that brings the conversion back
+fails here, in CI, before a GPU run measures it:
+
+- Hugging Face's transposed half-rotary call (``rope_qk``'s whole rows in 4 x 4 tiles): no
+  shared memory and at most 64 registers (the 3-D tile: 1 KB and 94 on Triton 3.7.1; the 2-D
+  one: none and 64 on 3.6 and on 3.7.1);
+- fused QKV (``rope_qk``'s whole rows on the pairs' tile) and ``rope_2d``'s bshd tile (8
+  positions x 4 heads of whole rows): at most 64 registers (96 each with the 3-D tiles on Triton
+  3.7.1; checked on 3.7.1 only, the other tests skip on other versions).
+
+On a version not named, or without Triton's CUDA backend and its binaries, the tests skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+
+import pytest
+import torch
+import triton
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHECKED = ("3.6.", "3.7.")  # the HF call's code was read on both; the rest on 3.7.1 only
+ON_37 = triton.__version__.startswith("3.7.")
+NVIDIA_BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+pytestmark = pytest.mark.skipif(
+    not triton.__version__.startswith(CHECKED) or not (NVIDIA_BIN / "ptxas").exists(),
+    reason=f"compiled code checked on triton {CHECKED} with its CUDA backend's binaries")
+
+
+@pytest.fixture(scope="module")
+def compiled_modules():
+    """The kernel files loaded as their own modules with the interpreter off (Triton reads
+    TRITON_INTERPRET when ``@triton.jit`` runs), and a stand-in driver for an sm_90 GPU while
+    the tests compile; both put back afterwards."""
+    from triton.backends import DriverBase
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    class Sm90(DriverBase):
+        @classmethod
+        def is_active(cls):
+            return True
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+        def map_python_to_cpp_type(self, ty):
+            return ty
+
+        def get_benchmarker(self):
+            return None
+
+        def get_device_interface(self):
+            return torch.cuda
+
+        def get_empty_cache_for_benchmark(self):
+            return None
+
+        def clear_cache(self, cache):
+            pass
+
+    saved_env = os.environ.get("TRITON_INTERPRET")
+    saved_driver = driver.__dict__.get("_active")
+    os.environ["TRITON_INTERPRET"] = "0"
+    modules = {}
+    try:
+        for name in ("rope_2d", "rope_qk"):
+            spec = importlib.util.spec_from_file_location(f"compiled_{name}",
+                                                          ROOT / "rope_kernels" / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            modules[name] = module
+    finally:
+        if saved_env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved_env
+    driver.set_active(Sm90())
+    try:
+        yield modules
+    finally:
+        driver._active = saved_driver
+
+
+def registers(compiled) -> int:
+    """Registers per thread of a compiled kernel, from its cubin (``cuobjdump -res-usage``)."""
+    cuobjdump = NVIDIA_BIN / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip("no cuobjdump in triton's CUDA backend")
+    path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"rope_tiles_{os.getpid()}.cubin"
+    path.write_bytes(compiled.asm["cubin"])
+    try:
+        out = subprocess.run([str(cuobjdump), "-res-usage", str(path)], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        path.unlink()
+    return int(re.search(r"REG:(\d+)", out).group(1))
+
+
+def hf_half_rotary(qk, dtype=torch.bfloat16):
+    """rope_qk's plan for Hugging Face's GPT-NeoX call: q [16, 32, 4096, 128] and k (8 heads)
+    as [b, h, s, d] views of [b, s, h, d] memory, half the head rotated, contiguous results."""
+    b, s, hq, hk, d, rd = 16, 4096, 32, 8, 128, 64
+    q = torch.empty(b, s, hq, d, device="meta", dtype=dtype).transpose(1, 2)
+    k = torch.empty(b, s, hk, d, device="meta", dtype=dtype).transpose(1, 2)
+    q_out = torch.empty(b, hq, s, d, device="meta", dtype=dtype)
+    k_out = torch.empty(b, hk, s, d, device="meta", dtype=dtype)
+    cos_strides = torch.empty(1, s, rd, device="meta").stride()
+    q_sizes, q_in = qk._sbhd_of_hf(q, 1)
+    k_sizes, k_in = qk._sbhd_of_hf(k, 1)
+    return qk._plan((q_sizes, q_in, qk._sbhd_of_hf(q_out, 1)[1]),
+                    (k_sizes, k_in, qk._sbhd_of_hf(k_out, 1)[1]), None,
+                    device=torch.device("cuda"), dtype=dtype, angles=qk.ANGLES["cos_sin"],
+                    rotary_dim=rd, has_positions=False, has_start=False, interleaved=False,
+                    backward=False, cp_size=1, cp_rank=0,
+                    t_strides=(0, cos_strides[1], cos_strides[2]), p_strides=(0, 0),
+                    same_table=True)
+
+
+def fused_qkv(qk, dtype=torch.bfloat16):
+    """rope_qk's plan for TE's fused QKV forward, sbhd qkv [4096, 8, 8 groups, (4 q + k + v) x
+    128] into q, k, v, built as ``_run_qkv`` builds it."""
+    s, b, groups, per_group, d = 4096, 8, 8, 4, 128
+    splits = (per_group * d, d, d)
+    qkv = torch.empty(s, b, groups, sum(splits), device="meta", dtype=dtype)
+    q = torch.empty(s, b, groups * per_group, d, device="meta", dtype=dtype)
+    k = torch.empty(s, b, groups, d, device="meta", dtype=dtype)
+    v = torch.empty(s, b, groups, d, device="meta", dtype=dtype)
+    packed = qk._qkv_parts(qkv, "sbhd", splits, groups)
+    split = [qk._heads_parts(x, "sbhd", groups) for x in (q, k, v)]
+    parts = [(sizes, st, o[1]) for (sizes, st), o in zip(packed, split)]
+    return qk._plan(parts[0], parts[1], parts[2], device=torch.device("cuda"), dtype=dtype,
+                    angles=qk.ANGLES["freqs"], rotary_dim=d, has_positions=False,
+                    has_start=False, interleaved=False, backward=False, cp_size=1, cp_rank=0,
+                    t_strides=(0, d, 1), p_strides=(0, 0), same_table=True,
+                    offsets=(splits[0], 0, splits[0] + splits[1], 0))
+
+
+def compile_qk(qk, plan, dtype=torch.bfloat16):
+    pointers = [dtype] * 6 + [torch.float32 if plan.constexprs["ANGLES"] == 0 else dtype] * 3
+    pointers += [torch.int64, torch.int64]
+    return qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
+                                    num_warps=plan.num_warps, grid=plan.grid)
+
+
+def test_hf_transposed_whole_rows_use_no_shared_memory(compiled_modules):
+    """The q+k kernel's whole-row tiles keep each token's cos/sin in its threads' registers."""
+    qk = compiled_modules["rope_qk"]
+    plan = hf_half_rotary(qk)
+    assert plan.constexprs["ROW"] == 128  # the whole-row path is the one compiled
+    compiled = compile_qk(qk, plan)
+    assert compiled.metadata.shared == 0
+    assert registers(compiled) <= 64
+
+
+@pytest.mark.skipif(not ON_37, reason="read on triton 3.7.1 only")
+def test_fused_qkv_whole_rows_registers(compiled_modules):
+    qk = compiled_modules["rope_qk"]
+    plan = fused_qkv(qk)
+    assert plan.constexprs["ROW"] == 128
+    assert registers(compile_qk(qk, plan)) <= 64
+
+
+@pytest.mark.skipif(not ON_37, reason="read on triton 3.7.1 only")
+def test_rope_2d_bshd_tile_registers(compiled_modules):
+    """rope_2d's bshd tile (8 positions x 4 heads of 128, whole rows, bf16, 4 warps) compiles to
+    at most 64 registers a thread (the 3-D tile: 96 on Triton 3.7.1)."""
+    r2 = compiled_modules["rope_2d"]
+    t = torch.empty(16, 4096, 32, 128, device="meta", dtype=torch.bfloat16)
+    freqs = torch.empty(4096, 1, 1, 128, device="meta", dtype=torch.float32)
+    real = r2.default_config
+    try:
+        r2.default_config = lambda *a, **k: real(*a[:5], torch.device("cuda"), *a[6:], **k)
+        plan = r2._make_plan(t, freqs, torch.empty_like(t), "bshd", None, None, False, 1, 0,
+                             False, {"fast_trig": True}, False)
+    finally:
+        r2.default_config = real
+    c = plan.constexprs
+    assert (c["BLOCK_S"], c["BLOCK_B"], c["BLOCK_H"], c["ROW"], plan.num_warps) == (8, 1, 4, 128, 4)
+    compiled = r2.rope_2d_kernel.warmup(torch.bfloat16, torch.float32, torch.bfloat16,
+                                        torch.int32, torch.int32, *plan.scalars, **c,
+                                        num_warps=plan.num_warps, grid=plan.grid)
+    assert registers(compiled) <= 64
