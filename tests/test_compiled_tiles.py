@@ -21,6 +21,7 @@ On a version not named, or without Triton's CUDA backend and its binaries, the t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pathlib
@@ -41,11 +42,10 @@ pytestmark = pytest.mark.skipif(
     reason=f"compiled code checked on triton {CHECKED} with its CUDA backend's binaries")
 
 
-@pytest.fixture(scope="module")
-def compiled_modules():
-    """The kernel files loaded as their own modules with the interpreter off (Triton reads
-    TRITON_INTERPRET when ``@triton.jit`` runs), and a stand-in driver for an sm_90 GPU while
-    the tests compile; both put back afterwards."""
+@contextlib.contextmanager
+def sm90_driver():
+    """A stand-in driver for an sm_90 GPU while a kernel compiles (``warmup`` launches nothing);
+    the real one (or none, on a CPU) is put back at once, so that no other test sees it."""
     from triton.backends import DriverBase
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
@@ -82,8 +82,19 @@ def compiled_modules():
         def clear_cache(self, cache):
             pass
 
+    saved = driver.__dict__.get("_active")
+    driver.set_active(Sm90())
+    try:
+        yield
+    finally:
+        driver._active = saved
+
+
+@pytest.fixture(scope="module")
+def compiled_modules():
+    """The kernel files loaded as their own modules with the interpreter off (Triton reads
+    TRITON_INTERPRET when ``@triton.jit`` runs); the environment is put back at once."""
     saved_env = os.environ.get("TRITON_INTERPRET")
-    saved_driver = driver.__dict__.get("_active")
     os.environ["TRITON_INTERPRET"] = "0"
     modules = {}
     try:
@@ -98,11 +109,7 @@ def compiled_modules():
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = saved_env
-    driver.set_active(Sm90())
-    try:
-        yield modules
-    finally:
-        driver._active = saved_driver
+    return modules
 
 
 def registers(compiled) -> int:
@@ -162,8 +169,9 @@ def fused_qkv(qk, dtype=torch.bfloat16):
 def compile_qk(qk, plan, dtype=torch.bfloat16):
     pointers = [dtype] * 6 + [torch.float32 if plan.constexprs["ANGLES"] == 0 else dtype] * 3
     pointers += [torch.int64, torch.int64]
-    return qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
-                                    num_warps=plan.num_warps, grid=plan.grid)
+    with sm90_driver():
+        return qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
+                                        num_warps=plan.num_warps, grid=plan.grid)
 
 
 def test_hf_transposed_whole_rows_use_no_shared_memory(compiled_modules):
@@ -200,7 +208,8 @@ def test_rope_2d_bshd_tile_registers(compiled_modules):
         r2.default_config = real
     c = plan.constexprs
     assert (c["BLOCK_S"], c["BLOCK_B"], c["BLOCK_H"], c["ROW"], plan.num_warps) == (8, 1, 4, 128, 4)
-    compiled = r2.rope_2d_kernel.warmup(torch.bfloat16, torch.float32, torch.bfloat16,
-                                        torch.int32, torch.int32, *plan.scalars, **c,
-                                        num_warps=plan.num_warps, grid=plan.grid)
+    with sm90_driver():
+        compiled = r2.rope_2d_kernel.warmup(torch.bfloat16, torch.float32, torch.bfloat16,
+                                            torch.int32, torch.int32, *plan.scalars, **c,
+                                            num_warps=plan.num_warps, grid=plan.grid)
     assert registers(compiled) <= 64
