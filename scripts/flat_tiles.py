@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import (Problem, QKProblem, QKVProblem, copy_bandwidth_gbps,  # noqa: E402
-                                provenance, time_ms_host_ahead)
+                                provenance)
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from qk_table_hint import module_copy, shuffled_rounds  # noqa: E402
+from qk_table_hint import hf_call, medians, module_copy, qkv_call  # noqa: E402
 
 rope_2d = sys.modules["rope_kernels.rope_2d"]  # the package exports the function
 
@@ -76,11 +76,6 @@ QKV_SHAPES = {
     "8 groups x 1 q, batch 8": dict(q_per_group=1, batch=8),
     "half rotary": dict(rotary_percent=0.5), "fp16": dict(dtype="fp16"),
 }
-
-
-def medians(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    return shuffled_rounds(fns, nbytes, copy, rounds,
-                           timer=time_ms_host_ahead if nbytes < 200e6 else None)
 
 
 def poisoned(call):
@@ -158,36 +153,20 @@ def main(argv=None):
         del p
         torch.cuda.empty_cache()
 
-    for name, kw in HF_SHAPES.items():
-        p = QKProblem(**dict(dict(rotary_percent=0.5), **kw))
-        cos, sin = p.cos[..., :p.rotary_dim], p.sin[..., :p.rotary_dim]
-        for direction in ("forward", "backward"):
-            bw = direction == "backward"
-            q, k = (p.gq, p.gk) if bw else (p.q, p.k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
+    def half_rotary(**kw):
+        return QKProblem(**dict(dict(rotary_percent=0.5), **kw))
 
-            def call(m, q=q, k=k, bw=bw):
-                return lambda: m.rope_cos_sin(q, k, cos, sin, 1, backward=bw)
-            record("hf_transposed", name, direction,
-                   {"2-D tiles": call(rope_qk), "3-D tiles": call(before_qk)}, p.nbytes,
-                   same_bits(call(rope_qk), call(before_qk)))
-        del p
-        torch.cuda.empty_cache()
-
-    for name, kw in QKV_SHAPES.items():
-        p = QKVProblem(**kw)
-        for direction in ("forward", "backward"):
-            if direction == "forward":
-                def call(m, p=p):
-                    return lambda: m.rope_qkv(p.qkv, p.freqs, p.freqs, p.splits)
-            else:
-                def call(m, p=p):
-                    return lambda: m.rope_qkv_backward(*p.grads, p.freqs, p.freqs, p.splits)
-            record("fused_qkv", name, direction,
-                   {"2-D tiles": call(rope_qk), "3-D tiles": call(before_qk)}, p.nbytes,
-                   same_bits(call(rope_qk), call(before_qk)))
-        del p
-        torch.cuda.empty_cache()
+    for part, shapes, problem, call in (("hf_transposed", HF_SHAPES, half_rotary, hf_call),
+                                        ("fused_qkv", QKV_SHAPES, QKVProblem, qkv_call)):
+        for name, kw in shapes.items():
+            p = problem(**kw)
+            for direction in ("forward", "backward"):
+                bw = direction == "backward"
+                record(part, name, direction,
+                       {"2-D tiles": call(rope_qk, p, bw), "3-D tiles": call(before_qk, p, bw)},
+                       p.nbytes, same_bits(call(rope_qk, p, bw), call(before_qk, p, bw)))
+            del p
+            torch.cuda.empty_cache()
 
     rows = [r for part in ("te", "hf_transposed", "fused_qkv")
             for shape in result[part].values() for r in shape.values()]

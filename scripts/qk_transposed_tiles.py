@@ -35,12 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from rope_kernels import _launch  # noqa: E402
 from rope_kernels import rope_qk  # noqa: E402
-from rope_kernels.bench import (QKProblem, QKVProblem, copy_bandwidth_gbps, provenance,  # noqa: E402
-                                time_ms_host_ahead)
+from rope_kernels.bench import QKProblem, QKVProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-# A second copy of rope_qk.py as its own module, and medians of shuffled rounds.
-from qk_table_hint import module_copy, shuffled_rounds  # noqa: E402
+# A second copy of rope_qk.py as its own module, the calls timed, medians of shuffled rounds.
+from qk_table_hint import hf_call, medians, module_copy, qkv_call  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128, half rotated
 # unless said)
@@ -77,12 +76,6 @@ def qkv_pairs(real, *args):
     return dict(real(*args), whole_rows=False)
 
 
-def medians(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
-    """``qk_table_hint.shuffled_rounds``, timed with the host kept ahead under 200 MB."""
-    return shuffled_rounds(fns, nbytes, copy, rounds,
-                           timer=time_ms_host_ahead if nbytes < 200e6 else None)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=None)
@@ -99,20 +92,13 @@ def main(argv=None):
 
     for name, kw in HF_SHAPES.items():
         p = QKProblem(**dict(dict(rotary_percent=0.5), **kw))
-        cos, sin = p.cos[..., :p.rotary_dim], p.sin[..., :p.rotary_dim]
         for direction in ("forward", "backward"):
             bw = direction == "backward"
-            q, k = (p.gq, p.gk) if bw else (p.q, p.k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-
-            def call(m, q=q, k=k, bw=bw):
-                return lambda: m.rope_cos_sin(q, k, cos, sin, 1, backward=bw)
-
-            a, b = call(rope_qk)(), call(before)()
+            a, b = hf_call(rope_qk, p, bw)(), hf_call(before, p, bw)()
             same = all(torch.equal(x, y) and x.stride() == y.stride() for x, y in zip(a, b))
             assert same, (name, direction)  # the same bits in the same layout
-            row = medians({"new": call(rope_qk), "before": call(before)}, p.nbytes, copy,
-                          args.rounds)
+            row = medians({"new": hf_call(rope_qk, p, bw), "before": hf_call(before, p, bw)},
+                          p.nbytes, copy, args.rounds)
             row["ratio"] = round(row["new"] / row["before"], 4)
             result["transposed"].setdefault(name, {})[direction] = row
             print(f"{name:30s} {direction:8s} {row}  [{time.time() - start:.0f} s]", flush=True)
@@ -122,18 +108,13 @@ def main(argv=None):
     for name, kw in QKV_SHAPES.items():
         p = QKVProblem(**kw)
         for direction in ("forward", "backward"):
-            if direction == "forward":
-                def call(m, p=p):
-                    return lambda: m.rope_qkv(p.qkv, p.freqs, p.freqs, p.splits)
-            else:
-                def call(m, p=p):
-                    return lambda: m.rope_qkv_backward(*p.grads, p.freqs, p.freqs, p.splits)
-            a, b = call(rope_qk)(), call(pairs)()
+            bw = direction == "backward"
+            a, b = qkv_call(rope_qk, p, bw)(), qkv_call(pairs, p, bw)()
             a, b = (a,) if torch.is_tensor(a) else a, (b,) if torch.is_tensor(b) else b
             # 16-bit: a multiply-add may be fused differently; the formula is the same.
             worst = max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
-            row = medians({"whole rows": call(rope_qk), "pairs": call(pairs)}, p.nbytes, copy,
-                          args.rounds)
+            row = medians({"whole rows": qkv_call(rope_qk, p, bw), "pairs": qkv_call(pairs, p, bw)},
+                          p.nbytes, copy, args.rounds)
             row["ratio"] = round(row["whole rows"] / row["pairs"], 4)
             row["max_abs_difference"] = worst
             result["fused_qkv"].setdefault(name, {})[direction] = row
