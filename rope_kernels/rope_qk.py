@@ -211,17 +211,23 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
 
 
 @triton.jit
-def _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
-               INT64: tl.constexpr, BLOCK_H: tl.constexpr):
-    """[BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row of head block ``pid_h`` of a part,
-    and which rows exist; channels go on the last axis."""
-    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
-    h_mask = h < heads
+def _group_sub(h, heads, n_sub, INT64: tl.constexpr):
+    """Heads ``h`` of a part as (group h // n_sub, sub-head h % n_sub), and which exist."""
     g = h // n_sub
     u = h % n_sub
     if INT64:
         g = g.to(tl.int64)
         u = u.to(tl.int64)
+    return g, u, h < heads
+
+
+@triton.jit
+def _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
+               INT64: tl.constexpr, BLOCK_H: tl.constexpr):
+    """[BLOCK_S, BLOCK_H, 1] offsets of each (token, head) row of head block ``pid_h`` of a part,
+    and which rows exist; channels go on the last axis."""
+    h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H] heads of this part
+    g, u, h_mask = _group_sub(h, heads, n_sub, INT64)
     row = (s_idx[:, None] * x_s + (pid_b * x_b + g * x_g + u * x_u)[None, :])[:, :, None]
     row_mask = (s_mask[:, None] & h_mask[None, :])[:, :, None]
     return row, row_mask
@@ -241,12 +247,7 @@ def _flat_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
     s = tl.reshape(tl.broadcast_to(s_idx[None, :], (BLOCK_H, BLOCK_S)), (R,))
     sm = tl.reshape(tl.broadcast_to(s_mask[None, :], (BLOCK_H, BLOCK_S)), (R,))
     h = pid_h * BLOCK_H + tl.arange(0, R) // BLOCK_S
-    h_mask = h < heads
-    g = h // n_sub
-    u = h % n_sub
-    if INT64:
-        g = g.to(tl.int64)
-        u = u.to(tl.int64)
+    g, u, h_mask = _group_sub(h, heads, n_sub, INT64)
     row = (s * x_s + pid_b * x_b + g * x_g + u * x_u)[:, None]
     return row, (sm & h_mask)[:, None]
 
