@@ -238,7 +238,7 @@ def _flat_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
                INT64: tl.constexpr, BLOCK_H: tl.constexpr):
     """Whole rows: [BLOCK_H * BLOCK_S, 1] offsets of each (token, head) row of head block
     ``pid_h``, row r holding token r % BLOCK_S of head r // BLOCK_S, and which rows exist.
-    Whole-row tiles are 2-D, with the tokens' cos/sin broadcast to their rows (``_flat``): on
+    Whole-row tiles are 2-D, with the tokens' cos/sin broadcast to their rows (``_per_row``): on
     a 3-D tile [BLOCK_S, BLOCK_H, ROW] Triton 3.7 spreads the threads over the heads and moves
     cos/sin through shared memory to meet them (5-7% slower than on Triton 3.6 on an H200,
     scripts/flat_tiles.py); on 2-D tiles both versions give each thread rows of one token."""
@@ -253,8 +253,9 @@ def _flat_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g, x_u,
 
 
 @triton.jit
-def _flat(v, BLOCK_H: tl.constexpr):
-    """[BLOCK_S, ROW] per-token values as [BLOCK_H * BLOCK_S, ROW] rows (see _flat_rows)."""
+def _per_row(v, BLOCK_H: tl.constexpr):
+    """[BLOCK_S, ROW] per-token values as [BLOCK_H * BLOCK_S, ROW] rows (see _flat_rows; the
+    same as rope_2d's ``_per_row``, which this file does not import, so that it stands alone)."""
     BLOCK_S: tl.constexpr = v.shape[0]
     ROW: tl.constexpr = v.shape[1]
     return tl.reshape(tl.broadcast_to(v[None, :, :], (BLOCK_H, BLOCK_S, ROW)),
@@ -321,8 +322,8 @@ def _store_tile(
         c = tl.arange(0, ROW)
         if INT64:
             c = c.to(tl.int64)
-        y = (x1.to(tl.float32) * _flat(cos1, BLOCK_H)
-             + x2.to(tl.float32) * _flat(sin1, BLOCK_H))
+        y = (x1.to(tl.float32) * _per_row(cos1, BLOCK_H)
+             + x2.to(tl.float32) * _per_row(sin1, BLOCK_H))
         tl.store(out_ptr + o_row + c[None, :] * o_d, y.to(out_ptr.dtype.element_ty),
                  mask=row_mask & (c < head_dim)[None, :])
     else:

@@ -10,7 +10,7 @@ one of ``rope_qk`` (whole rows) as [BLOCK_S, BLOCK_H, channels], with the positi
 position and keeps cos/sin in registers; Triton 3.7 spreads the threads over the middle axis, so
 cos/sin move through shared memory (barriers, up to 96 registers) to meet them. The tiles are
 now 2-D, [ROWS, channels] with positions fastest, and cos/sin are broadcast to the rows
-(``rope_2d._per_row``, ``rope_qk._flat``): the same arithmetic on the same values.
+(``_per_row`` in both files): the same arithmetic on the same values.
 
 Both sides are launched as the package launches (its thin launch), at their default configs;
 ``same_bits`` says whether they agree bit for bit, each computed on NaN-filled memory (they must). Shuffled rounds
