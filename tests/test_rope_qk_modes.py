@@ -380,7 +380,6 @@ def test_plan_sees_transposed_outputs(monkeypatch):
     assert seen == [False, False]
 
 
-
 @pytest.mark.parametrize("backward", [False, True])
 @pytest.mark.parametrize("config", [
     dict(block_s=2, block_h=2, num_warps=4, all_heads=False, whole_rows=True),
