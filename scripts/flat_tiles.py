@@ -13,10 +13,7 @@ now 2-D, [ROWS, channels] with positions fastest, and cos/sin are broadcast to t
 (``_per_row`` in both files): the same arithmetic on the same values.
 
 Both sides are launched as the package launches (its thin launch), at their default configs;
-``same_bits`` says whether they agree bit for bit, each computed on NaN-filled memory (they must,
-where both take the same path: since e91cb12 bshd rows of more than 256 B, head_dim 256 in 16-bit,
-take the pairs where b16f619 took whole rows with gathered sines, and the backward's bits differ
-there by rounding; each is checked against float64 in the tests). Shuffled rounds
+``same_bits`` says whether they agree bit for bit, each computed on NaN-filled memory (they must). Shuffled rounds
 (``bench.shuffled_rounds``), medians as a fraction of the run's 2 GB copy; problems under
 200 MB timed with the host kept ahead (``bench.time_ms_host_ahead``). Bytes as the benchmark
 counts them. Run it once per Triton version (the figures hold one file each).
