@@ -1,0 +1,144 @@
+"""The README's recorded numbers are the recorded run's: its header against figures/provenance.json,
+its table at TransformerEngine's default shape against figures/bench.csv, and its launch-latency
+tables against the figures/launch_latency*.json each row names. A re-recorded run fails here until
+the README is updated with it (the README prints fractions to 3 decimals and microseconds to 1)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "figures"
+README = (ROOT / "README.md").read_text()
+
+pd = pytest.importorskip("pandas")
+
+
+def table_after(marker: str) -> list[list[str]]:
+    """The cells of the first Markdown table after ``marker`` (header and separator dropped)."""
+    lines = README[README.index(marker):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_recorded_results_header_names_the_recorded_run():
+    prov = json.loads((FIGURES / "provenance.json").read_text())
+    header = re.search(r"### Recorded results \((.*)\)", README).group(1)
+    assert header == (f"{prov['gpu']}, torch {prov['torch']}, triton {prov['triton']}, "
+                      f"{prov['date']}, copy {prov['copy_gbps']:.0f} GB/s")
+
+
+# README row -> the benchmark's implementation name
+TE_TABLE_ROWS = {
+    "triton-2d (ours)": "triton-2d (ours)",
+    "triton-2d (ours), in place (`out=t`; timed in bshd)": "triton-2d (ours), in place",
+    "triton-1d (ours)": "triton-1d (ours)",
+    "torch.compile of TE's unfused formula": "torch.compile",
+    "torch eager (TE unfused formula)": "torch eager (TE unfused formula)",
+    "Liger-Kernel (q+k, in place, bshd only)": "Liger-Kernel (q+k, in place)",
+    "flash-attn's Triton rotary (bshd, thd)": "flash-attn rotary (Triton)",
+}
+
+
+def test_default_shape_table_is_the_recorded_run():
+    """Fractions of copy at seq 4096, batch 16, 32 heads of 128, bf16, full rotary (the rows of
+    the sequence-length sweep); an empty cell where the run has no such row."""
+    df = pd.read_csv(FIGURES / "bench.csv")
+    at = df[(df.sweep == "seq_len") & (df.seq_len == 4096) & (df.batch == 16) & (df.heads == 32)
+            & (df.head_dim == 128) & (df.rotary_dim == 128) & (df.dtype == "bf16")]
+    columns = [("sbhd", "forward"), ("sbhd", "backward"), ("bshd", "forward"), ("bshd", "backward")]
+    rows = table_after("Fraction of the measured copy bandwidth at TransformerEngine's test default")
+    assert [row[0] for row in rows] == list(TE_TABLE_ROWS)
+    for name, *cells in rows:
+        for (fmt, direction), cell in zip(columns, cells, strict=True):
+            sel = at[(at.impl == TE_TABLE_ROWS[name]) & (at.tensor_format == fmt)
+                     & (at.direction == direction)]
+            if not cell:
+                assert sel.empty, (name, fmt, direction)
+                continue
+            assert len(sel) == 1, (name, fmt, direction)
+            frac = float(sel.gbps.iloc[0] / sel.copy_gbps.iloc[0])
+            assert abs(float(cell) - frac) <= 0.0005 + 1e-9, (name, fmt, direction, cell, frac)
+
+
+def microseconds(cell: str) -> list[float]:
+    """'7.5 us' -> [7.5]; '2.8 us / 2.8 us' -> [2.8, 2.8]; '-' or '' -> []."""
+    return [float(v.replace("us", "")) for v in cell.split("/") if v.strip() not in ("", "-")]
+
+
+def test_latency_table_is_the_recorded_run():
+    rows = table_after("| call | shortcut, armed |")
+    record = json.loads((FIGURES / "launch_latency.json").read_text())["us_per_call"]
+    via = ", shortcut through thin_launch (no shortest path)"
+    full = ", full path (no shortcut)"
+    te_sp, te_no = "te with start_positions: validate=False", "te no start_positions: validate=False"
+    cache_in = "cache: in place, validate=False"
+    names = {  # README row -> the recording's rows, by column
+        "TE-style, `start_positions`, `validate=False`": [[te_sp], [te_sp + via], [te_sp + full]],
+        "TE-style, no `start_positions`, `validate=False`": [[te_no], [te_no + via], [te_no + full]],
+        "TE-style, `start_positions`, default call (values copied to the host)":
+            [[], [], ["te with start_positions: default call (values checked: host copy)"]],
+        "cos/sin cache, in place, `validate=False`": [[cache_in], [cache_in + via], [cache_in + full]],
+        "cos/sin cache, out of place, `validate=False`": [["cache: validate=False"], [], []],
+        "cos/sin cache, default call (positions copied to the host)":
+            [[], [], ["cache: default call (positions checked: host copy)"]],
+        "Hugging Face `hf.apply_rotary_pos_emb`": [["hf: apply_rotary_pos_emb"], [], []],
+        "fused QKV (8 groups of one q head), `validate=False`": [["qkv: validate=False"], [], []],
+        "CUDA-graph replay: TE default call / in-place cache call":
+            [["te with start_positions: CUDA graph replay of the default call",
+              "cache: CUDA graph replay of the in-place default call"], [], []],
+        "for scale: PyTorch's `t.neg()` / `torch.neg(t, out=o)`":
+            [["torch reference: t.neg() (allocation + one native kernel, through the dispatcher)",
+              "torch reference: torch.neg(t, out=o) (one native kernel, output given)"], [], []],
+    }
+    assert [row[0] for row in rows] == list(names)
+    for name, *cells in rows:
+        for cell, keys in zip(cells, names[name], strict=True):
+            values = microseconds(cell)
+            assert len(values) == len(keys), (name, cell)
+            for value, key in zip(values, keys):
+                assert abs(value - record[key]) <= 0.05 + 1e-9, (name, key, value, record[key])
+
+
+# the per-host table's columns after the file: the recording's rows, per column
+HOST_COLUMNS = [
+    ["torch reference: t.neg() (allocation + one native kernel, through the dispatcher)"],
+    ["te with start_positions: validate=False"],
+    ["te no start_positions: validate=False"],
+    ["cache: in place, validate=False", "cache: validate=False"],
+    ["hf: apply_rotary_pos_emb"],
+    ["qkv: validate=False"],
+    ["te with start_positions: default call (values checked: host copy)"],
+    ["cache: default call (positions checked: host copy)"],
+    ["te with start_positions: CUDA graph replay of the default call",
+     "cache: CUDA graph replay of the in-place default call"],
+]
+
+
+def host_rows() -> list[tuple[str, str, list[str]]]:
+    """(host, file, cells) of every per-host row that names a recording in figures/."""
+    rows = []
+    for cells in table_after("| host | file in `figures/` |"):
+        file = re.match(r"`(launch_latency[^`]*\.json)`", cells[1])
+        if file:
+            rows.append((cells[0], file.group(1), cells[2:]))
+    return rows
+
+
+def test_per_host_latency_rows_are_their_recordings():
+    rows = host_rows()
+    assert any(file == "launch_latency.json" for _, file, _ in rows)
+    for host, file, cells in rows:
+        record = json.loads((FIGURES / file).read_text())["us_per_call"]
+        for cell, keys in zip(cells, HOST_COLUMNS, strict=True):
+            for value, key in zip(microseconds(cell), keys):
+                assert abs(value - record[key]) <= 0.05 + 1e-9, (host, file, key, value, record[key])
