@@ -70,6 +70,23 @@ def test_default_shape_table_is_the_recorded_run():
             assert abs(float(cell) - frac) <= 0.0005 + 1e-9, (name, fmt, direction, cell, frac)
 
 
+# rows of scripts/launch_latency.py's recordings (us_per_call) that the README cites
+NEG = "torch reference: t.neg() (allocation + one native kernel, through the dispatcher)"
+NEG_OUT = "torch reference: torch.neg(t, out=o) (one native kernel, output given)"
+TE_SP = "te with start_positions: validate=False"
+TE_NO = "te no start_positions: validate=False"
+TE_DEFAULT_SP = "te with start_positions: default call (values checked: host copy)"
+CACHE_IN = "cache: in place, validate=False"
+CACHE_OUT = "cache: validate=False"
+CACHE_DEFAULT = "cache: default call (positions checked: host copy)"
+HF = "hf: apply_rotary_pos_emb"
+QKV = "qkv: validate=False"
+TE_REPLAY = "te with start_positions: CUDA graph replay of the default call"
+CACHE_REPLAY = "cache: CUDA graph replay of the in-place default call"
+VIA = ", shortcut through thin_launch (no shortest path)"  # suffixes of the other two paths
+FULL = ", full path (no shortcut)"
+
+
 def microseconds(cell: str) -> list[float]:
     """'7.5 us' -> [7.5]; '2.8 us / 2.8 us' -> [2.8, 2.8]; '-' or '' -> []."""
     return [float(v.replace("us", "")) for v in cell.split("/") if v.strip() not in ("", "-")]
@@ -78,27 +95,20 @@ def microseconds(cell: str) -> list[float]:
 def test_latency_table_is_the_recorded_run():
     rows = table_after("| call | shortcut, armed |")
     record = json.loads((FIGURES / "launch_latency.json").read_text())["us_per_call"]
-    via = ", shortcut through thin_launch (no shortest path)"
-    full = ", full path (no shortcut)"
-    te_sp, te_no = "te with start_positions: validate=False", "te no start_positions: validate=False"
-    cache_in = "cache: in place, validate=False"
     names = {  # README row -> the recording's rows, by column
-        "TE-style, `start_positions`, `validate=False`": [[te_sp], [te_sp + via], [te_sp + full]],
-        "TE-style, no `start_positions`, `validate=False`": [[te_no], [te_no + via], [te_no + full]],
+        "TE-style, `start_positions`, `validate=False`": [[TE_SP], [TE_SP + VIA], [TE_SP + FULL]],
+        "TE-style, no `start_positions`, `validate=False`": [[TE_NO], [TE_NO + VIA], [TE_NO + FULL]],
         "TE-style, `start_positions`, default call (values copied to the host)":
-            [[], [], ["te with start_positions: default call (values checked: host copy)"]],
-        "cos/sin cache, in place, `validate=False`": [[cache_in], [cache_in + via], [cache_in + full]],
-        "cos/sin cache, out of place, `validate=False`": [["cache: validate=False"], [], []],
-        "cos/sin cache, default call (positions copied to the host)":
-            [[], [], ["cache: default call (positions checked: host copy)"]],
-        "Hugging Face `hf.apply_rotary_pos_emb`": [["hf: apply_rotary_pos_emb"], [], []],
-        "fused QKV (8 groups of one q head), `validate=False`": [["qkv: validate=False"], [], []],
+            [[], [], [TE_DEFAULT_SP]],
+        "cos/sin cache, in place, `validate=False`":
+            [[CACHE_IN], [CACHE_IN + VIA], [CACHE_IN + FULL]],
+        "cos/sin cache, out of place, `validate=False`": [[CACHE_OUT], [], []],
+        "cos/sin cache, default call (positions copied to the host)": [[], [], [CACHE_DEFAULT]],
+        "Hugging Face `hf.apply_rotary_pos_emb`": [[HF], [], []],
+        "fused QKV (8 groups of one q head), `validate=False`": [[QKV], [], []],
         "CUDA-graph replay: TE default call / in-place cache call":
-            [["te with start_positions: CUDA graph replay of the default call",
-              "cache: CUDA graph replay of the in-place default call"], [], []],
-        "for scale: PyTorch's `t.neg()` / `torch.neg(t, out=o)`":
-            [["torch reference: t.neg() (allocation + one native kernel, through the dispatcher)",
-              "torch reference: torch.neg(t, out=o) (one native kernel, output given)"], [], []],
+            [[TE_REPLAY, CACHE_REPLAY], [], []],
+        "for scale: PyTorch's `t.neg()` / `torch.neg(t, out=o)`": [[NEG, NEG_OUT], [], []],
     }
     assert [row[0] for row in rows] == list(names)
     for name, *cells in rows:
@@ -110,18 +120,8 @@ def test_latency_table_is_the_recorded_run():
 
 
 # the per-host table's columns after the file: the recording's rows, per column
-HOST_COLUMNS = [
-    ["torch reference: t.neg() (allocation + one native kernel, through the dispatcher)"],
-    ["te with start_positions: validate=False"],
-    ["te no start_positions: validate=False"],
-    ["cache: in place, validate=False", "cache: validate=False"],
-    ["hf: apply_rotary_pos_emb"],
-    ["qkv: validate=False"],
-    ["te with start_positions: default call (values checked: host copy)"],
-    ["cache: default call (positions checked: host copy)"],
-    ["te with start_positions: CUDA graph replay of the default call",
-     "cache: CUDA graph replay of the in-place default call"],
-]
+HOST_COLUMNS = [[NEG], [TE_SP], [TE_NO], [CACHE_IN, CACHE_OUT], [HF], [QKV], [TE_DEFAULT_SP],
+                [CACHE_DEFAULT], [TE_REPLAY, CACHE_REPLAY]]
 
 
 def host_rows() -> list[tuple[str, str, list[str]]]:
