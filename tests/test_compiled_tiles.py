@@ -192,24 +192,38 @@ def test_fused_qkv_whole_rows_registers(compiled_modules):
     assert registers(compile_qk(qk, plan)) <= 64
 
 
-@pytest.mark.skipif(not ON_37, reason="read on triton 3.7.1 only")
-def test_rope_2d_bshd_tile_registers(compiled_modules):
-    """rope_2d's bshd tile (8 positions x 4 heads of 128, whole rows, bf16, 4 warps) compiles to
-    at most 64 registers a thread (the 3-D tile: 96 on Triton 3.7.1)."""
-    r2 = compiled_modules["rope_2d"]
+def compile_rope_2d_bshd(r2, backward=False):
+    """rope_2d's tile at TE's bshd shape (16 x 4096 x 32 heads of 128, bf16), compiled for sm_90."""
     t = torch.empty(16, 4096, 32, 128, device="meta", dtype=torch.bfloat16)
     freqs = torch.empty(4096, 1, 1, 128, device="meta", dtype=torch.float32)
     real = r2.default_config
     try:
         r2.default_config = lambda *a, **k: real(*a[:5], torch.device("cuda"), *a[6:], **k)
         plan = r2._make_plan(t, freqs, torch.empty_like(t), "bshd", None, None, False, 1, 0,
-                             False, {"fast_trig": True}, False)
+                             backward, {"fast_trig": True}, False)
     finally:
         r2.default_config = real
     c = plan.constexprs
     assert (c["BLOCK_S"], c["BLOCK_B"], c["BLOCK_H"], c["ROW"], plan.num_warps) == (8, 1, 4, 128, 4)
     with sm90_driver():
-        compiled = r2.rope_2d_kernel.warmup(torch.bfloat16, torch.float32, torch.bfloat16,
-                                            torch.int32, torch.int32, *plan.scalars, **c,
-                                            num_warps=plan.num_warps, grid=plan.grid)
-    assert registers(compiled) <= 64
+        return r2.rope_2d_kernel.warmup(torch.bfloat16, torch.float32, torch.bfloat16,
+                                        torch.int32, torch.int32, *plan.scalars, **c,
+                                        num_warps=plan.num_warps, grid=plan.grid)
+
+
+@pytest.mark.skipif(not ON_37, reason="read on triton 3.7.1 only")
+def test_rope_2d_bshd_tile_registers(compiled_modules):
+    """rope_2d's bshd tile (8 positions x 4 heads of 128, whole rows, bf16, 4 warps) compiles to
+    at most 64 registers a thread (the 3-D tile: 96 on Triton 3.7.1)."""
+    assert registers(compile_rope_2d_bshd(compiled_modules["rope_2d"])) <= 64
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_rope_2d_reads_its_angle_table_evict_last(compiled_modules, backward):
+    """The angle table's loads carry the evict_last hint (rope_2d._table: every batch element
+    reads the rows again, and without it the streamed x evicts them from L2), and x's loads
+    do not: the hint is on the table only."""
+    ptx = compile_rope_2d_bshd(compiled_modules["rope_2d"], backward).asm["ptx"]
+    loads = [line for line in ptx.splitlines() if re.search(r"\bld\.global", line)]
+    hinted = [line for line in loads if "evict_last" in line or "cache_hint" in line]
+    assert hinted and len(hinted) < len(loads), (len(hinted), len(loads))
