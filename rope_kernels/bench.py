@@ -792,6 +792,13 @@ def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd",
                 n_list = [16, 4096] if mode == "quick" else [16, 256, 4096, 16384, 65536]
                 for n in n_list:
                     jobs.append(("thd_n_seqs", dict(DEFAULT, n_seqs=n), fmt, dtype, False))
+                if mode != "quick" and dtype == "bf16":
+                    # 8 heads (a grouped-query k): 2 KB token rows, four times the tokens per
+                    # byte, where the pre-pass weighs most. 131072 tokens, 268 MB each way.
+                    for n in n_list:
+                        jobs.append(("thd_n_seqs_8_heads",
+                                     dict(DEFAULT, seq_len=8192, heads=8, n_seqs=n), fmt, dtype,
+                                     False))
                 jobs.append(("rotary_percent", dict(DEFAULT, n_seqs=256, rotary_percent=0.5),
                              fmt, dtype, False))
                 continue
@@ -922,7 +929,8 @@ def plot_sweep(df, prov: dict, sweep: str, direction: str = "forward", dtype: st
     """Achieved GB/s along one sweep axis, with the measured copy bandwidth as the ceiling."""
     import matplotlib.pyplot as plt
 
-    x = {"thd_n_seqs": "n_seqs", "rotary_percent": "rotary_dim"}.get(sweep, sweep)
+    x = {"thd_n_seqs": "n_seqs", "thd_n_seqs_8_heads": "n_seqs",
+         "rotary_percent": "rotary_dim"}.get(sweep, sweep)
     sel = df[(df.sweep == sweep) & (df.direction == direction) & (df.dtype == dtype)
              & (df.tensor_format == tensor_format)]
     if ax is None:
@@ -953,7 +961,7 @@ def plot_all(df, prov: dict, out: pathlib.Path):
 
     te_rows = df[df["entry"].fillna("te") == "te"] if "entry" in df else df
     for sweep in sorted(set(te_rows.sweep) - {"decode"}):
-        fmt = "thd" if sweep == "thd_n_seqs" else "sbhd"
+        fmt = "thd" if sweep.startswith("thd_n_seqs") else "sbhd"
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
         for ax, direction in zip(axes, ("forward", "backward")):
             plot_sweep(df, prov, sweep, direction, "bf16", fmt, ax=ax)
