@@ -375,6 +375,7 @@ def rope_2d_kernel(
     TOKEN_ROWS: tl.constexpr,  # thd: table rows per token precomputed by thd_positions_kernel
     SEQ_BOUNDS: tl.constexpr,  # thd, few sequences: power of two >= n_seqs + 1 (else 0: search)
     PDL_WAIT: tl.constexpr,  # launched as the pre-pass's programmatic dependent: wait for its rows
+    WAIT_FIRST: tl.constexpr,  # PDL_WAIT: wait before the x loads rather than after them
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -436,6 +437,11 @@ def rope_2d_kernel(
         c1 = c1.to(tl.int64)
         c2 = c2.to(tl.int64)
 
+    if TOKEN_ROWS and PDL_WAIT and WAIT_FIRST:
+        # Long sequences in 2 KB token rows: the pre-pass runs faster with no x traffic of ours
+        # in front of its loads (see _wait_first).
+        tl.extra.cuda.gdc_wait()
+
     # [ROWS, 1] offsets of each row's (position, batch element, head); channels are added on
     # the last axis.
     x_sbh = (s_row * x_stride_s + b_idx * x_stride_b + h_idx * x_stride_h)[:, None]
@@ -490,7 +496,7 @@ def rope_2d_kernel(
         xp = tl.load(x_base + x_sbh + p[None, :] * x_stride_d, mask=p_mask)
 
     if TOKEN_ROWS:
-        if PDL_WAIT:
+        if PDL_WAIT and not WAIT_FIRST:
             # x was written before the pre-pass was launched, so its loads above could go first;
             # the token rows are the pre-pass's output: wait until they are all written.
             tl.extra.cuda.gdc_wait()
@@ -720,6 +726,26 @@ TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
 # binary search in every tile was ahead at 16 and 64 sequences (0.957/0.953 of copy against
 # 0.943/0.952), the pre-pass from 256 on (0.965 against 0.948; 0.965 against 0.878 at 1024).
 TOKEN_ROWS_ABOVE = 128
+# ... and for 16-bit token rows wider than 2 KB (16 heads of 128 and more), more than this many.
+# H200, random cuts, fraction of copy forward / backward, count -> pre-pass (5 shuffled rounds,
+# figures/thd_policy_h200.json, scripts/thd_policy.py): 65536 tokens of 32 heads in 32, 64 and
+# 128 sequences 0.961 / 0.949 -> 0.976 / 0.975, 0.949 / 0.945 -> 0.973 / 0.975, 0.953 / 0.945
+# -> 0.977 / 0.980; of 16 heads 0.937 / 0.934 -> 0.947 / 0.957 at 32, 0.923 / 0.917 -> 0.948 /
+# 0.953 at 64; at 16 sequences the count stays ahead (0.983 / 0.987 against 0.976 / 0.980 at 32
+# heads, 0.966 / 0.967 against 0.954 / 0.950 at 16). fp32 rows of 8 heads (4 KB) keep the count:
+# 0.942-0.951 against 0.923-0.936 with the pre-pass at 32-128 sequences.
+WIDE_TOKEN_ROWS_ABOVE = 16
+# With the pre-pass (and PDL), 16-bit token rows of more than 1 KB and at most 2 KB (8 heads of
+# 128) wait for it before their x loads (WAIT_FIRST) where the sequences average at least this
+# many tokens. H200, 131072 tokens of 8 heads cut at random, forward / backward, x loads before
+# the wait -> after it (figures/thd_policy_h200.json): 256 sequences 0.895 / 0.873 -> 0.944 /
+# 0.938, 512 0.897 / 0.879 -> 0.936 / 0.927, 1024 0.909 / 0.890 -> 0.928 / 0.927, 2048 (64
+# tokens on average) 0.928 / 0.909 -> 0.925 / 0.917, 256 sequences of 512 tokens 0.922 / 0.898
+# -> 0.934 / 0.940; but 4096 sequences and more 0.922-0.937 -> 0.906-0.923, and 16384 x 8 tokens
+# 0.946 / 0.956 -> 0.940 / 0.949. At 16 and 32 heads waiting first lost 0.6-2.3 points
+# everywhere. Why the x loads in front slow the pre-pass most where sequences are long is not
+# known; the pre-pass's chain of loads is then shortest (one narrowing round at 256 sequences).
+WAIT_FIRST_MEAN_TOKENS = 64
 # thd without the pre-pass: with at most this many boundaries (n_seqs + 1) each tile loads them all
 # and counts (_count_sequence) instead of the binary search. H200, forward, fraction of copy,
 # binary search -> count (figures/thd_pre_pass.json): 65536 tokens of 32 heads in 16, 64 and 128
@@ -866,6 +892,19 @@ def _pairs_as_words(*tensors: torch.Tensor) -> bool:
                and a.data_ptr() % (2 * a.element_size()) == 0 for a in tensors)
 
 
+def _token_rows(n_seqs: int, row_bytes: int, element_size: int) -> bool:
+    """thd: the per-token pre-pass (else each tile counts or searches cu_seqlens)."""
+    if element_size == 2 and row_bytes > 2048:
+        return n_seqs > WIDE_TOKEN_ROWS_ABOVE
+    return n_seqs > TOKEN_ROWS_ABOVE
+
+
+def _wait_first(n_tokens: int, n_seqs: int, row_bytes: int, element_size: int) -> bool:
+    """thd with the pre-pass and PDL: the main kernel waits before its x loads."""
+    return (element_size == 2 and 1024 < row_bytes <= 2048
+            and n_tokens >= WAIT_FIRST_MEAN_TOKENS * max(1, n_seqs))
+
+
 def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved, cp_size,
                cp_rank, backward, config, pairs_as_words=False) -> Plan:
     (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
@@ -885,7 +924,9 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
                         and t.device.type == "cuda" and torch.version.hip is None)
     # thd with many sequences: a pre-pass writes each token's table row (see
     # thd_positions_kernel) instead of each tile searching cu_seqlens.
-    cfg["token_rows"] = is_thd and n_seqs > TOKEN_ROWS_ABOVE
+    row_bytes = heads * head_dim * t.element_size()  # a token's row (thd)
+    cfg["token_rows"] = is_thd and _token_rows(n_seqs, row_bytes, t.element_size())
+    cfg["wait_first"] = is_thd and _wait_first(seq_rows, n_seqs, row_bytes, t.element_size())
     cfg["pdl"] = None
     if config:
         unknown = set(config) - set(cfg)
@@ -930,6 +971,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         TOKEN_ROWS=bool(cfg["token_rows"]),
         SEQ_BOUNDS=seq_bounds,
         PDL_WAIT=pdl,
+        WAIT_FIRST=pdl and bool(cfg["wait_first"]),
         HAS_START=start_positions is not None,
         USE_CP=cp_size > 1,
         INTERLEAVED=bool(interleaved),
@@ -984,6 +1026,8 @@ def rope_2d(
             ``token_rows`` (thd: the per-token pre-pass instead of the search over cu_seqlens;
             on by default above TOKEN_ROWS_ABOVE sequences) and ``pdl`` (with the pre-pass:
             programmatic dependent launch of the main kernel; None = on where the GPU has it)
+            and ``wait_first`` (with the pre-pass and PDL: the main kernel waits for the
+            pre-pass before its x loads, not after them; see WAIT_FIRST_MEAN_TOKENS)
             and ``whole_rows`` (half-split pairs: each row loaded and stored in one piece, the
             channels' partners loaded again from L1; by default on a GPU for 16-bit rows of
             256 B or more, see ``default_config``) and ``gather_sines`` (whole rows, backward,

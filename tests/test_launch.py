@@ -646,12 +646,15 @@ def test_pdl_only_where_the_gpu_has_it():
     emb = RotaryPositionEmbedding(8, device=DEVICE)(4)
     hopper = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
     for config, token_rows, want in ((None, True, hopper), (dict(pdl=False), True, False),
-                                     (dict(token_rows=False), False, False)):
+                                     (dict(token_rows=False), False, False),
+                                     (dict(wait_first=True), True, hopper),
+                                     (dict(wait_first=True, pdl=False), True, False)):
         r2._PLANS.clear()
         rope_2d(t, emb, "thd", cu_seqlens=cu, config=config)
         (plan,) = r2._PLANS.values()
         assert plan.constexprs["TOKEN_ROWS"] is token_rows
         assert plan.constexprs["PDL_WAIT"] is want
+        assert plan.constexprs["WAIT_FIRST"] is (want and bool((config or {}).get("wait_first")))
         assert plan.options == (dict(launch_pdl=True) if want else {})
         if token_rows:
             (pre,) = (p for k, p in r2._PRE_PLANS.items() if r2._PLANS.get(k) is plan)
@@ -661,8 +664,9 @@ def test_pdl_only_where_the_gpu_has_it():
 @pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs a compiled kernel on a GPU of "
                            "compute capability 9.0 or later")
+@pytest.mark.parametrize("wait_first", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, monkeypatch):
+def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, wait_first, monkeypatch):
     """With PDL the main kernel starts while the pre-pass runs; it must still read this call's
     token rows. Packs change from call to call with the same shapes (so the token-row buffer
     the allocator hands back holds the previous pack's rows, which a missing wait would read),
@@ -685,11 +689,12 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, monkeypatch):
         cu = torch.cat([torch.zeros(1, dtype=torch.long), cuts, torch.tensor([n_tokens])])
         cu = cu.to(torch.int32).to(DEVICE)
         out = torch.full_like(t, float("nan"))
-        rope_2d(t, emb, "thd", cu_seqlens=cu, out=out)
+        rope_2d(t, emb, "thd", cu_seqlens=cu, out=out, config=dict(wait_first=wait_first))
         outs.append(out)
         refs.append(rope_2d(t, emb, "thd", cu_seqlens=cu, config=dict(pdl=False)))
     plan = next(p for p in r2._PLANS.values() if p.constexprs["PDL_WAIT"])
     assert plan.options == dict(launch_pdl=True)
+    assert plan.constexprs["WAIT_FIRST"] is wait_first
     for i, (out, ref) in enumerate(zip(outs, refs)):
         assert torch.equal(out, ref), f"pack {i}: differs from the launch without PDL"
     assert_rope_close(outs[-1], rope_reference(t.double(), emb, "thd", cu_seqlens=cu), dtype)
@@ -736,6 +741,42 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     for other in (cfg(8, r2.TOKEN_ROWS_ABOVE + 1), cfg(8, None), cfg(32, 64), cfg(4, 64),
                   cfg(8, 64, esize=4), cfg(8, 64, cpu)):
         assert other["num_warps"] != 1, other
+
+
+def test_thd_policy_pre_pass_and_wait_first():
+    """Which thd path a pack takes (scripts/thd_policy.py measured the rules): the pre-pass above
+    TOKEN_ROWS_ABOVE sequences, or above WIDE_TOKEN_ROWS_ABOVE for 16-bit token rows wider than
+    2 KB; with it, 16-bit rows of more than 1 KB and at most 2 KB wait for it before their x loads
+    where sequences average WAIT_FIRST_MEAN_TOKENS tokens or more. Checked through the plan that a
+    call makes (WAIT_FIRST needs PDL, so it is False on the CPU and on GPUs without it)."""
+    wide, narrow = r2.WIDE_TOKEN_ROWS_ABOVE, r2.TOKEN_ROWS_ABOVE
+    assert wide < narrow
+    for heads, d, esize, n_seqs, want in (
+            (16, 128, 2, wide, False), (16, 128, 2, wide + 1, True), (32, 128, 2, wide + 1, True),
+            (8, 128, 2, wide + 1, False), (8, 128, 2, narrow, False), (8, 128, 2, narrow + 1, True),
+            (8, 128, 4, wide + 1, False), (8, 128, 4, narrow + 1, True),  # fp32 4 KB rows: count
+            (32, 64, 2, wide + 1, True), (4, 128, 2, narrow + 1, True)):
+        assert r2._token_rows(n_seqs, heads * d * esize, esize) is want, (heads, d, esize, n_seqs)
+    mean = r2.WAIT_FIRST_MEAN_TOKENS
+    for n_tokens, row_bytes, esize, want in (
+            (mean * 256, 2048, 2, True), (mean * 256 - 1, 2048, 2, False),
+            (mean * 256, 1024, 2, False), (mean * 256, 4096, 2, False), (mean * 256, 2048, 4, False)):
+        assert r2._wait_first(n_tokens, 256, row_bytes, esize) is want, (n_tokens, row_bytes, esize)
+
+    pdl = ON_GPU and r2._pdl_available(torch.device(DEVICE))
+    emb = RotaryPositionEmbedding(128, device=DEVICE)(1024)
+    for heads, n_tokens, n_seqs, rows, first in ((16, 64, wide + 1, True, False),
+                                                  (16, 64, wide, False, False),
+                                                  (8, 64 * (narrow + 1), narrow + 1, True, True),
+                                                  (8, 4 * (narrow + 1), narrow + 1, True, False)):
+        t = randn((n_tokens, heads, 128), torch.bfloat16, 0)
+        cu = torch.linspace(0, n_tokens, n_seqs + 1, device=DEVICE).round().to(torch.int32)
+        plan = r2._make_plan(t, emb, t.clone(), "thd", cu, None, False, 1, 0, False, None)
+        assert plan.constexprs["TOKEN_ROWS"] is rows, (heads, n_tokens, n_seqs)
+        assert plan.constexprs["WAIT_FIRST"] is (first and pdl), (heads, n_tokens, n_seqs)
+        forced = r2._make_plan(t, emb, t.clone(), "thd", cu, None, False, 1, 0, False,
+                               dict(token_rows=True, wait_first=not first))
+        assert forced.constexprs["WAIT_FIRST"] is (not first and pdl)
 
 
 def test_default_config_whole_rows(monkeypatch):
