@@ -623,12 +623,16 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       copy) it took 32 heads from 0.938/0.940 to 0.961/0.958 and 16 heads from 0.947/0.942 to
       0.953/0.950 (8 heads already ran it); out of place the tiles above stay ahead.
     - ``n_seqs`` (thd): with at most TOKEN_ROWS_ABOVE sequences, where each tile counts the
-      boundaries below its tokens (``_count_sequence``), 16-bit token rows of more than 1 KB and at
-      most 2 KB (8 heads of 128 channels) run their tiles on 1 warp. Against 2 warps on an H200
+      boundaries below its tokens (``_count_sequence``) in a power-of-two slot of at least
+      ONE_WARP_MIN_BOUNDS (32 sequences or more), 16-bit token rows of more than 1 KB and at most
+      2 KB (8 heads of 128 channels) run their tiles on 1 warp. Against 2 warps on an H200
       (131072 tokens in 64 and 128 sequences, 8 heads, bf16, 3 shuffled rounds): 0.887 -> 0.924
       and 0.888 -> 0.927 of copy forward, 0.888 -> 0.911 backward at 64; at 4 KB rows (32 heads)
       1 and 2 warps were level (within 0.4 points), and with the pre-pass (more sequences) the same
-      tile on 1 warp moved -1.3 to +0.1.
+      tile on 1 warp moved -1.3 to +0.1. With fewer boundaries 1 warp is far behind: 2 warps ->
+      1 warp at 16 random-cut sequences 0.970 -> 0.866, 16 of 8192 tokens 0.964 -> 0.867, 4
+      sequences 0.939 -> 0.914, against 0.910 -> 0.961 at 32 and 0.902 -> 0.965 at 64 (forward,
+      5 shuffled rounds, figures/thd_count_warps_h200.json).
     - ``whole_rows``: on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES (head_dim 128
       and up) keep the tile and warps chosen above, in every format and in place too, but move
       it as whole rows: each row loaded once, its channels' partners again (the same lines,
@@ -675,6 +679,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
         cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
                            interleaved and not pairs_as_words, tensor_format))
         if (on_gpu and tensor_format == "thd" and n_seqs is not None
+                and ONE_WARP_MIN_BOUNDS <= _next_pow2(n_seqs + 1)
                 and n_seqs <= TOKEN_ROWS_ABOVE and element_size == 2
                 and 1024 < heads * head_dim * element_size <= 2048):
             cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
@@ -755,6 +760,9 @@ WAIT_FIRST_MEAN_TOKENS = 64
 # level with the pre-pass at 256 and ahead at 512 with 32 heads, but 4.6-7.6 points behind at 512
 # with 8 heads: TOKEN_ROWS_ABOVE stays 128.
 COUNT_BOUNDS_MAX = 256
+# ... and 2 KB token rows (8 heads of 128, 16-bit) whose count slot (the next power of two above
+# n_seqs) has at least this many boundaries run on 1 warp, fewer on the tile's 2 (default_config).
+ONE_WARP_MIN_BOUNDS = 64
 # The pre-pass: 256 tokens a program, 4 warps, 256-ary narrowing. On the H200, for 65536 tokens
 # in 16 to 65536 sequences, it took 4.8-9.2 us alone, where a binary search per token over all
 # sequences took 4.3-10.2 us and one program per sequence (the first design) 44 us at 65536

@@ -726,9 +726,10 @@ def test_thd_count_of_boundaries(n_seqs, seed):
 
 def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     """default_config's thd rule: 16-bit token rows of more than 1 KB and at most 2 KB run on one
-    warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences); not with more
-    sequences, other rows, float32, or on the CPU. (With ``WHOLE_ROWS`` off, the default; on, it
-    doubles the warps, test_default_config_whole_rows.)"""
+    warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences) in a slot of at
+    least ONE_WARP_MIN_BOUNDS (from 32 sequences at 64); not with fewer or more sequences, other
+    rows, float32, or on the CPU. (With ``WHOLE_ROWS`` off, the default; on, it doubles the warps,
+    test_default_config_whole_rows.)"""
     monkeypatch.setattr(r2, "WHOLE_ROWS", False)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     cfg = lambda heads, n_seqs, device=gpu, esize=2, d=128: r2.default_config(  # noqa: E731
@@ -736,6 +737,9 @@ def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     assert cfg(8, 64)["num_warps"] == 1
     assert cfg(16, 64, d=64)["num_warps"] == 1
     assert cfg(8, r2.TOKEN_ROWS_ABOVE)["num_warps"] == 1
+    assert cfg(8, r2.ONE_WARP_MIN_BOUNDS // 2)["num_warps"] == 1  # 33 boundaries: a slot of 64
+    for few in (r2.ONE_WARP_MIN_BOUNDS // 2 - 1, 16, 4, 1):  # slots of 32 boundaries or fewer
+        assert cfg(8, few)["num_warps"] == 2, few
     without = {k: v for k, v in cfg(8, 64).items() if k != "num_warps"}
     assert without == {k: v for k, v in cfg(8, None).items() if k != "num_warps"}
     for other in (cfg(8, r2.TOKEN_ROWS_ABOVE + 1), cfg(8, None), cfg(32, 64), cfg(4, 64),
