@@ -16,6 +16,44 @@ import rope_kernels  # noqa: F401  (turns the interpreter on when there is no GP
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ON_GPU = torch.cuda.is_available()
+
+
+def _restore_lang_after_device_calls():
+    """Triton's interpreter (3.7.1 and others) swaps triton.language's builtins for interpreted
+    ones while a kernel runs and puts them back after it; but a @triton.jit function called from
+    a kernel (ours, or Triton's own ``tl.sum``, whose globals hold ``triton.language.core``)
+    swaps them again and never puts them back. ``tl.core`` then stays patched for the rest of
+    the process, and a kernel compiled later in it (tests/test_compiled_tiles.py) fails to
+    build its IR. This wraps such calls so that each puts back what it swapped."""
+    interp = importlib.import_module("triton.runtime.interpreter")
+    cls, patch = getattr(interp, "InterpretedFunction", None), getattr(interp, "_patch_lang", None)
+    if cls is None or patch is None or getattr(cls, "_rope_restores", False):
+        return
+    call = cls.__call__
+
+    def patched_call(self, *args, **kwargs):
+        saved = interp._patch_lang
+        scopes = []
+
+        def patch_and_keep(fn):
+            scope = saved(fn)
+            scopes.append(scope)
+            return scope
+
+        interp._patch_lang = patch_and_keep
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            interp._patch_lang = saved
+            for scope in reversed(scopes):
+                if hasattr(scope, "restore"):
+                    scope.restore()
+
+    cls.__call__ = patched_call
+    cls._rope_restores = True
+
+
+_restore_lang_after_device_calls()
 DEVICE = torch.device("cuda") if ON_GPU else torch.device("cpu")
 
 # Tolerances, |out - ref| <= atol + rtol * |ref| against a float64 reference:
