@@ -438,8 +438,8 @@ def rope_2d_kernel(
         c2 = c2.to(tl.int64)
 
     if TOKEN_ROWS and PDL_WAIT and WAIT_FIRST:
-        # Long sequences in 2 KB token rows: the pre-pass runs faster with no x traffic of ours
-        # in front of its loads (see _wait_first).
+        # Long sequences in 2 KB token rows: the call measured faster waiting here, before any
+        # x load of ours (see WAIT_FIRST_MEAN_TOKENS; why is not known).
         tl.extra.cuda.gdc_wait()
 
     # [ROWS, 1] offsets of each row's (position, batch element, head); channels are added on
