@@ -140,5 +140,7 @@ def test_per_host_latency_rows_are_their_recordings():
     for host, file, cells in rows:
         record = json.loads((FIGURES / file).read_text())["us_per_call"]
         for cell, keys in zip(cells, HOST_COLUMNS, strict=True):
-            for value, key in zip(microseconds(cell), keys):
+            values = microseconds(cell)
+            assert len(values) in (0, len(keys)), (host, file, cell)  # a dash: no figure kept
+            for value, key in zip(values, keys):
                 assert abs(value - record[key]) <= 0.05 + 1e-9, (host, file, key, value, record[key])
