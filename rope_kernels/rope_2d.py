@@ -680,8 +680,8 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
                            interleaved and not pairs_as_words, tensor_format))
         if (on_gpu and tensor_format == "thd" and n_seqs is not None
                 and ONE_WARP_MIN_BOUNDS <= _next_pow2(n_seqs + 1)
-                and n_seqs <= TOKEN_ROWS_ABOVE and element_size == 2
-                and 1024 < heads * head_dim * element_size <= 2048):
+                and n_seqs <= TOKEN_ROWS_ABOVE
+                and _two_kb_rows(heads * head_dim * element_size, element_size)):
             cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
     whole = (on_gpu and element_size == 2 and not interleaved
              and head_dim * element_size >= WHOLE_ROW_BYTES)
@@ -900,6 +900,12 @@ def _pairs_as_words(*tensors: torch.Tensor) -> bool:
                and a.data_ptr() % (2 * a.element_size()) == 0 for a in tensors)
 
 
+def _two_kb_rows(row_bytes: int, element_size: int) -> bool:
+    """thd: 16-bit token rows of more than 1 KB and at most 2 KB (8 heads of 128), the rows
+    that default_config's one-warp rule and the main kernel's early wait are for."""
+    return element_size == 2 and 1024 < row_bytes <= 2048
+
+
 def _token_rows(n_seqs: int, row_bytes: int, element_size: int) -> bool:
     """thd: the per-token pre-pass (else each tile counts or searches cu_seqlens)."""
     if element_size == 2 and row_bytes > 2048:
@@ -909,7 +915,7 @@ def _token_rows(n_seqs: int, row_bytes: int, element_size: int) -> bool:
 
 def _wait_first(n_tokens: int, n_seqs: int, row_bytes: int, element_size: int) -> bool:
     """thd with the pre-pass and PDL: the main kernel waits before its x loads."""
-    return (element_size == 2 and 1024 < row_bytes <= 2048
+    return (_two_kb_rows(row_bytes, element_size)
             and n_tokens >= WAIT_FIRST_MEAN_TOKENS * max(1, n_seqs))
 
 

@@ -19,7 +19,7 @@ ON_GPU = torch.cuda.is_available()
 
 
 def _restore_lang_after_device_calls():
-    """Triton's interpreter (3.7.1 and others) swaps triton.language's builtins for interpreted
+    """Triton's interpreter (3.7.1, as read) swaps triton.language's builtins for interpreted
     ones while a kernel runs and puts them back after it; but a @triton.jit function called from
     a kernel (ours, or Triton's own ``tl.sum``, whose globals hold ``triton.language.core``)
     swaps them again and never puts them back. ``tl.core`` then stays patched for the rest of
