@@ -678,10 +678,11 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
         # A new dict each call: the cached tuple stays untouched by callers that edit it.
         cfg = dict(_config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size,
                            interleaved and not pairs_as_words, tensor_format))
+        row_bytes = heads * head_dim * element_size  # a token's row (thd)
         if (on_gpu and tensor_format == "thd" and n_seqs is not None
-                and ONE_WARP_MIN_BOUNDS <= _next_pow2(n_seqs + 1)
-                and n_seqs <= TOKEN_ROWS_ABOVE
-                and _two_kb_rows(heads * head_dim * element_size, element_size)):
+                and _two_kb_rows(row_bytes, element_size)
+                and _count_slot(n_seqs, _token_rows(n_seqs, row_bytes, element_size))
+                >= ONE_WARP_MIN_BOUNDS):
             cfg["num_warps"] = 1  # 2 KB token rows in packs whose tiles count (see above)
     whole = (on_gpu and element_size == 2 and not interleaved
              and head_dim * element_size >= WHOLE_ROW_BYTES)
@@ -913,6 +914,13 @@ def _token_rows(n_seqs: int, row_bytes: int, element_size: int) -> bool:
     return n_seqs > TOKEN_ROWS_ABOVE
 
 
+def _count_slot(n_seqs: int, token_rows: bool) -> int:
+    """thd without the pre-pass, few sequences: every tile loads the n_seqs + 1 boundaries into
+    a slot of this many (a power of two) and counts those below its tokens; 0 where the tiles
+    read the pre-pass's rows or search cu_seqlens instead."""
+    return _next_pow2(n_seqs + 1) if not token_rows and n_seqs + 1 <= COUNT_BOUNDS_MAX else 0
+
+
 def _wait_first(n_tokens: int, n_seqs: int, row_bytes: int, element_size: int) -> bool:
     """thd with the pre-pass and PDL: the main kernel waits before its x loads."""
     return (_two_kb_rows(row_bytes, element_size)
@@ -962,9 +970,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     whole_rows = bool(cfg["whole_rows"]) and not interleaved
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
-    # Without the pre-pass, few sequences: every tile counts the boundaries below its tokens.
-    seq_bounds = (_next_pow2(n_seqs + 1) if is_thd and not cfg["token_rows"]
-                  and n_seqs + 1 <= COUNT_BOUNDS_MAX else 0)
+    seq_bounds = _count_slot(n_seqs, cfg["token_rows"]) if is_thd else 0
     sizes = (seq_rows, batch, heads, head_dim)
     int64 = max(_max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
                 _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1

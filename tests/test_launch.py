@@ -724,6 +724,17 @@ def test_thd_count_of_boundaries(n_seqs, seed):
     assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, cu_seqlens=cu), torch.float32)
 
 
+def test_thd_count_slot():
+    """The one definition of when tiles count (the plan's SEQ_BOUNDS and default_config's
+    one-warp rule): n_seqs + 1 boundaries in the next power of two, while they fit
+    COUNT_BOUNDS_MAX and there is no pre-pass."""
+    most = r2.COUNT_BOUNDS_MAX
+    assert [r2._count_slot(n, False) for n in (0, 1, 2, 3, 31, 32)] == [1, 2, 4, 4, 32, 64]
+    assert r2._count_slot(most - 1, False) == most
+    assert r2._count_slot(most, False) == 0  # one boundary too many: the binary search
+    assert r2._count_slot(7, True) == 0  # the pre-pass's rows instead
+
+
 def test_thd_one_warp_for_2kb_rows_with_few_sequences(monkeypatch):
     """default_config's thd rule: 16-bit token rows of more than 1 KB and at most 2 KB run on one
     warp when the tiles count the boundaries (at most TOKEN_ROWS_ABOVE sequences) in a slot of at
