@@ -227,6 +227,12 @@ def disable(reason: str) -> None:
     ENABLED = False
 
 
+def _device_index() -> int:
+    """torch's current CUDA device (its C function where this torch has it: no Python
+    lazy-initialisation check, which a tensor on a GPU has already passed)."""
+    return _cuda_get_device() if _cuda_get_device is not None else torch.cuda.current_device()
+
+
 def _current_device(driver) -> int:
     """The driver's current device. For Triton's CUDA driver, whose get_current_device is
     torch.cuda.current_device, torch's C function gives the same index once CUDA is initialised
@@ -238,7 +244,15 @@ def _current_device(driver) -> int:
 
 def thin_launch(kernel, plan, pointers):
     """Launch ``kernel`` for ``plan`` (grid, scalars, constexprs, num_warps, options: launch
-    options such as ``launch_pdl``, compiled)."""
+    options such as ``launch_pdl``, compiled) on the device of ``pointers[0]``."""
+    if not INTERPRETED:
+        index = pointers[0].get_device()
+        if index >= 0 and index != _device_index():
+            # Triton's dispatch and the direct call below launch on the current device and its
+            # stream: make the tensors' device current (a model spread over several GPUs in one
+            # process, device_map="auto"), as the kernel files' own launch does.
+            with torch.cuda.device(index):
+                return thin_launch(kernel, plan, pointers)
     if RECORDING is not None:
         RECORDING.append((kernel, plan, pointers))
     thin = ENABLED and not INTERPRETED and _dispatch_is_plain(kernel)

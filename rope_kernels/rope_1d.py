@@ -240,24 +240,28 @@ def rope_1d(
     int64 = max(n_rows * head_dim, _max_offset(sizes, x_strides), _max_offset(sizes, o_strides),
                 _max_offset(freqs.shape, freqs.stride())) >= 2**31 - 1
     grid = (triton.cdiv(n_rows, block_rows),)
-    # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
-    rope_1d_kernel[grid](
-        t, freqs, out,
-        cu_seqlens if is_thd else t,
-        start_positions if start_positions is not None else t,
-        n_rows, seq_rows, batch, heads, rotary_dim, head_dim,
-        *x_strides, *o_strides,
-        freqs.stride(0), freqs.stride(-1),
-        n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
-        IS_THD=is_thd,
-        HAS_START=start_positions is not None,
-        USE_CP=cp_size > 1,
-        INTERLEAVED=bool(interleaved),
-        BACKWARD=bool(backward),
-        INT64=int64,
-        BLOCK_ROWS=block_rows,
-        HALF=half,
-        PASS=pass_width,
-        num_warps=num_warps,
-    )
+    # Triton launches on the current CUDA device and its stream, not on the tensors' device:
+    # make theirs current for the launch (a model spread over several GPUs in one process).
+    # Device -1 (CPU tensors, the interpreter) leaves everything as it is.
+    with torch.cuda.device(t.device if t.is_cuda else -1):
+        # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
+        rope_1d_kernel[grid](
+            t, freqs, out,
+            cu_seqlens if is_thd else t,
+            start_positions if start_positions is not None else t,
+            n_rows, seq_rows, batch, heads, rotary_dim, head_dim,
+            *x_strides, *o_strides,
+            freqs.stride(0), freqs.stride(-1),
+            n_seqs, max(1, (n_seqs - 1).bit_length()) if is_thd else 0, cp_size, cp_rank,
+            IS_THD=is_thd,
+            HAS_START=start_positions is not None,
+            USE_CP=cp_size > 1,
+            INTERLEAVED=bool(interleaved),
+            BACKWARD=bool(backward),
+            INT64=int64,
+            BLOCK_ROWS=block_rows,
+            HALF=half,
+            PASS=pass_width,
+            num_warps=num_warps,
+        )
     return out

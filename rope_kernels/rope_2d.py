@@ -885,9 +885,15 @@ def _pdl_available(device: torch.device) -> bool:
 
 
 def launch(kernel, plan: Plan, pointers):
-    """Launch through Triton's own dispatch. (The rope_kernels package replaces this with a
-    launcher that skips Triton's per-call argument analysis, rope_kernels/_launch.py; a copy of
-    this file needs none.)"""
+    """Launch through Triton's own dispatch, on the device of ``pointers[0]``. (The rope_kernels
+    package replaces this with a launcher that skips Triton's per-call argument analysis,
+    rope_kernels/_launch.py; a copy of this file needs none.)"""
+    device = pointers[0].device
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        # Triton launches on the current device and its stream, not the tensors' device: make
+        # it theirs (a model spread over several GPUs in one process, device_map="auto").
+        with torch.cuda.device(device):
+            return launch(kernel, plan, pointers)
     return kernel[plan.grid](*pointers, *plan.scalars, **plan.constexprs,
                              num_warps=plan.num_warps, **plan.options)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU run of this project checks, in one place (used for the recorded runs; each part can
 # be run alone). From the project root on a machine with a CUDA GPU:
-#   bash scripts/gpu_run.sh tests|tests-matrix|tests-rest|te|latency|bench|packs|notebooks [OUT_DIR]
+#   bash scripts/gpu_run.sh tests|tests-matrix|tests-rest|multi-gpu|te|latency|bench|packs|notebooks [OUT_DIR]
 # tests:     the test suite with compiled kernels, in two runs: tests-matrix, then tests-rest.
 #            Together over 10 minutes on an H200 with an empty Triton cache (2026-11-26: 407 s and
 #            197 s), so where a command may run 10 minutes at most, run the two parts apart.
@@ -9,6 +9,9 @@
 #            with 14 dozens of its cases failed in two sessions, cause not found.
 # tests-rest: every other test file on 8 workers: more run an H200 out of memory on the
 #            > 2**31-element tests.
+# multi-gpu: tests/test_multi_gpu.py, on a machine of two GPUs or more (on one GPU its two-GPU tests
+#            skip, as in tests-rest): every entry point with its tensors on a GPU other than the
+#            current one.
 # te:        TransformerEngine's own tests/pytorch/test_fused_rope.py against this package
 #            (needs the study-group workspace's shared/te: ../shared/te, or the folder named by
 #            $ROPE_TE_DIR where the workspace is not beside the checkout): all but the QKV tests on 6
@@ -22,7 +25,7 @@
 # packs:     scripts/thd_uniform_packs.py, uniform thd packs beside flash-attn (ROPE_PEER_DIR too)
 # notebooks: strict nbval of every notebook, benchmarks measured live (over 4 minutes on an H200)
 set -uo pipefail
-part=${1:?tests|tests-matrix|tests-rest|te|latency|bench|packs|notebooks}
+part=${1:?tests|tests-matrix|tests-rest|multi-gpu|te|latency|bench|packs|notebooks}
 out=${2:-/tmp/rope-gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -33,6 +36,8 @@ case "$part" in
                   --tb=short "${@:3}" 2>&1 | tee "$out/tests_matrix.log" | tail -20 ;;
   tests-rest) python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -n 8 --tb=short \
                 --ignore tests/test_te_matrix.py "${@:3}" 2>&1 | tee "$out/tests_rest.log" | tail -20 ;;
+  multi-gpu) python3 -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider -o addopts="" -rs \
+               --tb=short "${@:3}" 2>&1 | tee "$out/multi_gpu.log" | tail -20 ;;
   te) te_run="${ROPE_TE_DIR:-../shared/te}/run.sh"
       if [ $# -gt 2 ]; then  # pytest arguments given (a -k of theirs would replace the split's): one run
         bash "$te_run" "${@:3}" 2>&1 | tee "$out/te.log" | tail -15

@@ -1,0 +1,273 @@
+"""Tensors on a GPU other than the current one: every entry point launches on the tensors' device
+and its current stream.
+
+Triton launches a kernel on the *current* CUDA device and that device's current stream, whatever
+device the tensors are on. A model spread over several GPUs in one process (transformers'
+``device_map="auto"``, pipeline stages) calls RoPE with tensors on ``cuda:1`` while ``cuda:0``
+is current: launched there, the kernel either fails (Triton's dispatch refuses a pointer the
+current device cannot reach) or, with peer access on, runs on the other GPU's stream, unordered
+with the work that wrote its inputs. The kernel files' ``launch`` and the package's
+``thin_launch`` make the tensors' device current for the launch.
+
+The first test runs everywhere, with stand-ins for the tensor, the kernel and torch's current
+device; the others need two GPUs (``nvidia-h100-x2``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import rope_kernels.hf
+from conftest import ON_GPU, ROOT, assert_rope_close, load_file, randn
+from rope_kernels import (RotaryPositionEmbedding, _launch, apply_fused_qkv_rotary_pos_emb,
+                          apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace,
+                          apply_rotary_pos_emb)
+
+# The kernel files as a user copies them: launched through their own ``launch`` (Triton's
+# dispatch), which the package replaces with ``thin_launch`` in its own modules.
+COPIED = {name: load_file(ROOT / "rope_kernels" / f"{name}.py", f"copied_{name}")
+          for name in ("rope_2d", "rope_qk")}
+
+TWO_GPUS = ON_GPU and not _launch.INTERPRETED and torch.cuda.device_count() >= 2
+needs_two_gpus = pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
+
+
+class _FakeDevices:
+    """Stand-ins for torch's current CUDA device: ``current`` and ``switch(i)``, a context that
+    makes device i current and restores the previous one, as ``torch.cuda.device`` does."""
+
+    def __init__(self):
+        self.current = 0
+
+    @contextlib.contextmanager
+    def switch(self, device):
+        index = device if isinstance(device, int) else device.index
+        previous, self.current = self.current, index
+        try:
+            yield
+        finally:
+            self.current = previous
+
+
+class _FakeTensor:
+    def __init__(self, index):
+        self.device = torch.device("cuda", index)
+
+    def get_device(self):
+        return self.device.index
+
+
+class _FakeKernel:
+    """``kernel[grid](*args, **kw)`` records the device current at the launch."""
+
+    def __init__(self, devices):
+        self.devices, self.launched_on = devices, []
+        self.debug, self.pre_run_hooks = False, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.launched_on.append(self.devices.current)
+
+
+@pytest.mark.parametrize("where", ["rope_2d", "rope_qk", "thin_launch"])
+def test_launch_makes_the_tensors_device_current(where, monkeypatch):
+    """Each launcher launches with the device of its first pointer argument current, and puts
+    the caller's current device back."""
+    devices = _FakeDevices()
+    if where == "thin_launch":
+        monkeypatch.setattr(_launch, "INTERPRETED", False)
+        monkeypatch.setattr(_launch, "ENABLED", False)  # Triton's dispatch: the stand-in kernel
+        monkeypatch.setattr(_launch, "_cuda_get_device", lambda: devices.current)
+        launcher = _launch.thin_launch
+    else:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: devices.current)
+        launcher = COPIED[where].launch
+    monkeypatch.setattr(torch.cuda, "device", devices.switch)
+    kernel = _FakeKernel(devices)
+    plan = COPIED["rope_qk"].Plan((1, 1, 1), (), {}, 4)
+    for tensor_device, current in [(1, 0), (0, 1), (2, 2), (0, 0), (3, 1)]:
+        devices.current = current
+        launcher(kernel, plan, (_FakeTensor(tensor_device), _FakeTensor(tensor_device)))
+        assert kernel.launched_on[-1] == tensor_device, (tensor_device, current)
+        assert devices.current == current, "the caller's current device was not put back"
+
+
+# --------------------------------------------------------------------------------------------
+# On two GPUs: each entry point with its tensors on one device while the other is current.
+
+
+def _inputs(seed):
+    """Every entry point's arguments, made on the CPU (moved per device by the cases)."""
+    s, b, h, d = 48, 2, 4, 64
+    lengths = torch.randint(1, 9, (200,), generator=torch.Generator().manual_seed(seed))
+    return dict(
+        sbhd=randn((s, b, h, d), torch.bfloat16, seed, "cpu"),
+        freqs=RotaryPositionEmbedding(d, 0.5)(256),
+        start=torch.tensor([3, 100], dtype=torch.int32),
+        # 200 sequences: the thd call takes the per-token pre-pass (and PDL on Hopper GPUs).
+        thd=randn((int(lengths.sum()), h, d), torch.float16, seed + 1, "cpu"),
+        cu_seqlens=torch.cat((torch.zeros(1, dtype=torch.int32),
+                              lengths.cumsum(0).to(torch.int32))),
+        few=torch.tensor([0, 5, 40, 96], dtype=torch.int32),
+        qkv=randn((s, b, 2, 6 * d), torch.bfloat16, seed + 2, "cpu"),
+        positions=torch.randint(0, 512, (37,), generator=torch.Generator().manual_seed(seed)),
+        query=randn((37, 8 * d), torch.bfloat16, seed + 3, "cpu"),
+        key=randn((37, 2 * d), torch.bfloat16, seed + 4, "cpu"),
+        cache=torch.cat((RotaryPositionEmbedding(d)(512).view(512, d)[:, : d // 2].cos(),
+                         RotaryPositionEmbedding(d)(512).view(512, d)[:, : d // 2].sin()), 1),
+        hf_q=randn((b, s, 8, d), torch.float32, seed + 5, "cpu"),
+        hf_k=randn((b, s, 2, d), torch.float32, seed + 6, "cpu"),
+        hf_angles=randn((b, s, d // 2), torch.float32, seed + 7, "cpu"),
+    )
+
+
+def _calls(validate):
+    """name -> (function of the inputs on one device -> its outputs)."""
+    def te(fmt, **kw):
+        def call(a):
+            t = {"sbhd": a["sbhd"], "bshd": a["sbhd"].transpose(0, 1), "thd": a["thd"]}[fmt]
+            if fmt == "thd":
+                kw["cu_seqlens"] = a["cu_seqlens"]
+            if "start_positions" in kw:
+                kw["start_positions"] = a["start"]
+            return (apply_rotary_pos_emb(t, a["freqs"], fmt, fused=True, validate=validate,
+                                         **kw),)
+        return call
+
+    def few_thd(a):
+        t = a["thd"][:96]
+        return (apply_rotary_pos_emb(t, a["freqs"], "thd", cu_seqlens=a["few"], fused=True,
+                                     validate=validate, interleaved=True),)
+
+    def cos_sin(a):
+        emb = torch.cat((a["hf_angles"], a["hf_angles"]), -1)
+        return emb.cos(), emb.sin()
+
+    def hf(a):
+        cos, sin = cos_sin(a)
+        return rope_kernels.hf.apply_rotary_pos_emb(a["hf_q"].transpose(1, 2),
+                                                    a["hf_k"].transpose(1, 2), cos, sin)
+
+    def in_place(a):
+        q, k = a["query"].clone(), a["key"].clone()
+        apply_rope_with_cos_sin_cache_inplace(a["positions"], q, k, 64, a["cache"],
+                                              validate=validate)
+        return q, k
+
+    return {
+        "te sbhd": te("sbhd"),
+        "te bshd start_positions": te("bshd", start_positions=True),
+        "te bshd 1d kernel": te("bshd", kernel="1d"),
+        "te thd pre-pass": te("thd"),
+        "te thd few sequences interleaved": few_thd,
+        "fused qkv": lambda a: apply_fused_qkv_rotary_pos_emb(a["qkv"], a["freqs"], a["freqs"],
+                                                              [4 * 64, 64, 64]),
+        "cos/sin cache": lambda a: apply_rope_with_cos_sin_cache(
+            a["positions"], a["query"], a["key"], 64, a["cache"], is_neox=False,
+            validate=validate),
+        "cos/sin cache in place": in_place,
+        "hugging face": hf,
+        "rope_2d file alone, thd pre-pass": lambda a: (COPIED["rope_2d"].rope_2d(
+            a["thd"], a["freqs"], "thd", cu_seqlens=a["cu_seqlens"]),),
+        "rope_qk file alone": lambda a: COPIED["rope_qk"].rope_cos_sin_cache(
+            a["positions"], a["query"], a["key"], 64, a["cache"], True),
+    }
+
+
+CALL_NAMES = list(_calls(True))
+
+
+def _to(inputs, device):
+    return {name: x.to(device) for name, x in inputs.items()}
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("name", CALL_NAMES)
+def test_each_entry_point_on_the_other_gpu(name, validate, seed):
+    """The call on cuda:1 with cuda:0 current (and the other way round), repeated so that it
+    also goes through the remembered launch, gives the bits of the same call on the current
+    device, and leaves the current device as it was."""
+    inputs = _inputs(seed)
+    call = _calls(validate)[name]
+    with torch.cuda.device(0):
+        on_current = _to(inputs, "cuda:0")
+        for _ in range(3):  # (armed: the remembered launch of cuda:0 is ready for cuda:0)
+            expected = [o.cpu() for o in call(on_current)]
+    for current, other in [(0, 1), (1, 0)]:
+        with torch.cuda.device(current):
+            on_other = _to(inputs, f"cuda:{other}")
+            for repeat in range(4):  # the full path, then the shortcut's remembered launch
+                outputs = call(on_other)
+                assert torch.cuda.current_device() == current
+                assert all(o.device == torch.device("cuda", other) for o in outputs)
+                for o, e in zip(outputs, expected):
+                    assert torch.equal(o.cpu(), e), f"{name}: call {repeat} on cuda:{other}"
+
+
+@needs_two_gpus
+def test_reference_on_the_other_gpu(seed):
+    """One call checked against the float64 reference too (the bits above are compared with
+    the same call on the current device)."""
+    inputs = _to(_inputs(seed), "cuda:1")
+    with torch.cuda.device(0):
+        out = apply_rotary_pos_emb(inputs["sbhd"], inputs["freqs"], "sbhd", fused=True)
+    ref = apply_rotary_pos_emb(inputs["sbhd"].cpu().double(), inputs["freqs"].cpu(), "sbhd")
+    assert_rope_close(out.cpu(), ref, torch.bfloat16)
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("name", ["te sbhd", "te bshd 1d kernel", "te thd pre-pass", "fused qkv",
+                                  "cos/sin cache", "cos/sin cache in place", "hugging face",
+                                  "rope_2d file alone, thd pre-pass", "rope_qk file alone"])
+def test_ordered_on_the_tensors_stream(name, seed):
+    """The inputs are written on cuda:1's stream behind a long sleep, and the call is made with
+    cuda:0 current: launched on the tensors' device and stream, it reads them after they are
+    written. (Launched on cuda:0's stream with peer access on, it would read the NaNs the
+    inputs held before.)"""
+    inputs = _inputs(seed)
+    call = _calls(False)[name]
+    with torch.cuda.device(0):
+        expected = [o.cpu() for o in call(_to(inputs, "cuda:0"))]
+    ready = _to(inputs, "cuda:1")
+    poisoned = {k: (torch.full_like(x, float("nan")) if x.is_floating_point() else x.clone())
+                for k, x in ready.items()}
+    torch.cuda.synchronize(1)
+    with torch.cuda.device(0):
+        for peer in (0, 1):  # peer access on both ways where the GPUs have it
+            if torch.cuda.can_device_access_peer(peer, 1 - peer):
+                torch.empty(1, device=f"cuda:{peer}").copy_(
+                    torch.ones(1, device=f"cuda:{1 - peer}"))
+        for repeat in range(3):
+            for k, x in poisoned.items():
+                if x.is_floating_point():
+                    x.fill_(float("nan"))
+            with torch.cuda.device(1):
+                torch.cuda._sleep(50_000_000)  # tens of milliseconds on cuda:1's stream
+                for k, x in poisoned.items():
+                    x.copy_(ready[k])
+            outputs = call(poisoned)
+            for o, e in zip(outputs, expected):
+                assert torch.equal(o.cpu(), e), f"{name}: call {repeat} read unwritten inputs"
+
+
+@needs_two_gpus
+def test_gradients_on_the_other_gpu(seed):
+    """Autograd's backward of the TE-style and Hugging Face calls on cuda:1, cuda:0 current."""
+    inputs = _inputs(seed)
+    results = []
+    for device, current in [("cuda:0", 0), ("cuda:1", 0)]:
+        a = _to(inputs, device)
+        t = a["sbhd"].float().requires_grad_(True)
+        q = a["hf_q"].transpose(1, 2).requires_grad_(True)
+        emb = torch.cat((a["hf_angles"], a["hf_angles"]), -1)
+        with torch.cuda.device(current):
+            out = apply_rotary_pos_emb(t, a["freqs"], "sbhd", fused=True)
+            q_out, k_out = rope_kernels.hf.apply_rotary_pos_emb(q, a["hf_k"].transpose(1, 2),
+                                                                emb.cos(), emb.sin())
+            ((out * out).sum() + (q_out * q_out).sum() + k_out.sum()).backward()
+        results.append([t.grad.cpu(), q.grad.cpu()])
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)
