@@ -16,6 +16,9 @@ fails here, in CI, before a GPU run measures it:
   positions x 4 heads of whole rows): at most 64 registers (96 each with the 3-D tiles on Triton
   3.7.1; checked on 3.7.1 only, the other tests skip on other versions).
 
+And that the kernels still build for older GPUs, a T4 (sm_75) and an A100 (sm_80), in bf16,
+fp16 and fp32 (they have run on sm_90 only).
+
 On a version not named, or without Triton's CUDA backend and its binaries, the tests skip.
 """
 
@@ -27,6 +30,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -43,9 +47,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def sm90_driver():
-    """A stand-in driver for an sm_90 GPU while a kernel compiles (``warmup`` launches nothing);
-    the real one (or none, on a CPU) is put back at once, so that no other test sees it."""
+def sm90_driver(capability: int = 90):
+    """A stand-in driver for an sm_90 GPU (or another compute ``capability``) while a kernel
+    compiles (``warmup`` launches nothing); the real one (or none, on a CPU) is put back at
+    once, so that no other test sees it."""
     from triton.backends import DriverBase
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
@@ -56,7 +61,7 @@ def sm90_driver():
             return True
 
         def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
+            return GPUTarget("cuda", capability, 32)
 
         def get_current_device(self):
             return 0
@@ -166,10 +171,10 @@ def fused_qkv(qk, dtype=torch.bfloat16):
                     offsets=(splits[0], 0, splits[0] + splits[1], 0))
 
 
-def compile_qk(qk, plan, dtype=torch.bfloat16):
+def compile_qk(qk, plan, dtype=torch.bfloat16, capability=90):
     pointers = [dtype] * 6 + [torch.float32 if plan.constexprs["ANGLES"] == 0 else dtype] * 3
     pointers += [torch.int64, torch.int64]
-    with sm90_driver():
+    with sm90_driver(capability):
         return qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
                                         num_warps=plan.num_warps, grid=plan.grid)
 
@@ -192,23 +197,34 @@ def test_fused_qkv_whole_rows_registers(compiled_modules):
     assert registers(compile_qk(qk, plan)) <= 64
 
 
-def compile_rope_2d_bshd(r2, backward=False):
-    """rope_2d's tile at TE's bshd shape (16 x 4096 x 32 heads of 128, bf16), compiled for sm_90."""
-    t = torch.empty(16, 4096, 32, 128, device="meta", dtype=torch.bfloat16)
-    freqs = torch.empty(4096, 1, 1, 128, device="meta", dtype=torch.float32)
+def rope_2d_gpu_plan(r2, t, freqs, tensor_format, cu_seqlens=None, backward=False, config=None,
+                     interleaved=False, words=False):
+    """rope_2d's plan for meta tensors as for tensors on a GPU (default_config told a CUDA
+    device)."""
     real = r2.default_config
     try:
         r2.default_config = lambda *a, **k: real(*a[:5], torch.device("cuda"), *a[6:], **k)
-        plan = r2._make_plan(t, freqs, torch.empty_like(t), "bshd", None, None, False, 1, 0,
-                             backward, {"fast_trig": True}, False)
+        return r2._make_plan(t, freqs, torch.empty_like(t), tensor_format, cu_seqlens, None,
+                             interleaved, 1, 0, backward, config, words)
     finally:
         r2.default_config = real
+
+
+def compile_rope_2d(r2, plan, dtype, capability=90, seq_info=torch.int32):
+    with sm90_driver(capability):
+        return r2.rope_2d_kernel.warmup(dtype, torch.float32, dtype, seq_info, torch.int32,
+                                        *plan.scalars, **plan.constexprs,
+                                        num_warps=plan.num_warps, grid=plan.grid)
+
+
+def compile_rope_2d_bshd(r2, backward=False, capability=90):
+    """rope_2d's tile at TE's bshd shape (16 x 4096 x 32 heads of 128, bf16), compiled for sm_90."""
+    t = torch.empty(16, 4096, 32, 128, device="meta", dtype=torch.bfloat16)
+    freqs = torch.empty(4096, 1, 1, 128, device="meta", dtype=torch.float32)
+    plan = rope_2d_gpu_plan(r2, t, freqs, "bshd", backward=backward, config={"fast_trig": True})
     c = plan.constexprs
     assert (c["BLOCK_S"], c["BLOCK_B"], c["BLOCK_H"], c["ROW"], plan.num_warps) == (8, 1, 4, 128, 4)
-    with sm90_driver():
-        return r2.rope_2d_kernel.warmup(torch.bfloat16, torch.float32, torch.bfloat16,
-                                        torch.int32, torch.int32, *plan.scalars, **c,
-                                        num_warps=plan.num_warps, grid=plan.grid)
+    return compile_rope_2d(r2, plan, torch.bfloat16, capability)
 
 
 @pytest.mark.skipif(not ON_37, reason="read on triton 3.7.1 only")
@@ -227,3 +243,64 @@ def test_rope_2d_reads_its_angle_table_evict_last(compiled_modules, backward):
     loads = [line for line in ptx.splitlines() if re.search(r"\bld\.global", line)]
     hinted = [line for line in loads if "evict_last" in line or "cache_hint" in line]
     assert hinted and len(hinted) < len(loads), (len(hinted), len(loads))
+
+
+# Older GPUs: Colab's T4 (sm_75) and the A100 (sm_80). The kernels run compiled on H100 and H200
+# only (sm_90); this checks that each kernel and its main variants still build for the older
+# targets (no Hopper-only instruction outside the PDL path, which the plans keep for sm_90; bf16
+# conversions, which sm_75 lacks natively). It compiles; nothing runs on such a GPU here.
+OLDER_GPUS = [75, 80]
+# With the interpreter on, Triton's own @jit helpers (tl.min, tl.max, ...) are interpreted
+# functions, which a compiled kernel cannot call (the thd pre-pass calls tl.min): there the tests
+# run in a process of their own with the interpreter off.
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+in_compiled_process = pytest.mark.skipif(
+    INTERPRETING, reason="run by test_older_gpus_in_a_compiled_process")
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="the older-GPU tests run in this process")
+def test_older_gpus_in_a_compiled_process():
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", "-k", "compiles_for_older_gpus"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0 and "12 passed" in proc.stdout, proc.stdout[-4000:]
+
+
+@in_compiled_process
+@pytest.mark.parametrize("capability", OLDER_GPUS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rope_2d_compiles_for_older_gpus(compiled_modules, capability, dtype):
+    """bshd forward and backward (whole rows, the backward's gathered sines), sbhd interleaved
+    pairs read as words, and thd's pre-pass with the main kernel reading its token rows."""
+    r2 = compiled_modules["rope_2d"]
+    t = torch.empty(8, 1024, 16, 128, device="meta", dtype=dtype)
+    freqs = torch.empty(1024, 1, 1, 128, device="meta", dtype=torch.float32)
+    fast = {"fast_trig": dtype != torch.float32}
+    for backward in (False, True):
+        plan = rope_2d_gpu_plan(r2, t, freqs, "bshd", backward=backward, config=fast)
+        assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
+    sbhd = torch.empty(1024, 8, 16, 128, device="meta", dtype=dtype)
+    plan = rope_2d_gpu_plan(r2, sbhd, freqs, "sbhd", config=fast, interleaved=True, words=True)
+    assert plan.constexprs["PAIRS_AS_WORDS"]
+    assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
+    thd = torch.empty(8192, 16, 128, device="meta", dtype=dtype)
+    cu_seqlens = torch.empty(301, device="meta", dtype=torch.int32)
+    plan = rope_2d_gpu_plan(r2, thd, freqs, "thd", cu_seqlens, config=fast)
+    assert plan.constexprs["TOKEN_ROWS"] and not plan.constexprs["PDL_WAIT"]
+    assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
+    pre = r2.pre_pass_plan(8192, 300)
+    with sm90_driver(capability):
+        assert r2.thd_positions_kernel.warmup(torch.int32, torch.int32, torch.int32, *pre.scalars,
+                                              **pre.constexprs, num_warps=pre.num_warps,
+                                              grid=pre.grid).asm["cubin"]
+
+
+@in_compiled_process
+@pytest.mark.parametrize("capability", OLDER_GPUS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rope_qk_compiles_for_older_gpus(compiled_modules, capability, dtype):
+    """The q+k kernel's Hugging Face transposed whole rows and fused QKV's plan."""
+    qk = compiled_modules["rope_qk"]
+    assert compile_qk(qk, hf_half_rotary(qk, dtype), dtype, capability).asm["cubin"]
+    assert compile_qk(qk, fused_qkv(qk, dtype), dtype, capability).asm["cubin"]
