@@ -271,3 +271,26 @@ def test_gradients_on_the_other_gpu(seed):
         results.append([t.grad.cpu(), q.grad.cpu()])
     for got, want in zip(results[1], results[0]):
         assert torch.equal(got, want)
+
+
+@needs_two_gpus
+def test_compiled_calls_on_the_other_gpu(seed):
+    """Under torch.compile (each entry point one custom operator in the graph), cuda:1 tensors
+    with cuda:0 current: the bits of the same compiled calls on cuda:0."""
+    inputs = _inputs(seed)
+
+    def step(t, freqs, positions, query, key, cache):
+        out = apply_rotary_pos_emb(t, freqs, "sbhd", fused=True, validate=False)
+        q, k = apply_rope_with_cos_sin_cache(positions, query, key, 64, cache, validate=False)
+        return out, q, k
+
+    compiled = torch.compile(step, fullgraph=True)
+    names = ("sbhd", "freqs", "positions", "query", "key", "cache")
+    with torch.cuda.device(0):
+        expected = [o.cpu() for o in compiled(*(inputs[n].to("cuda:0") for n in names))]
+        for repeat in range(2):
+            outputs = compiled(*(inputs[n].to("cuda:1") for n in names))
+            assert torch.cuda.current_device() == 0
+            for o, e in zip(outputs, expected):
+                assert o.device == torch.device("cuda", 1)
+                assert torch.equal(o.cpu(), e), f"compiled call {repeat} on cuda:1"
