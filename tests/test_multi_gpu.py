@@ -1,5 +1,5 @@
 """Tensors on a GPU other than the current one: every entry point launches on the tensors' device
-and its current stream.
+and its current stream (and, on one GPU, on the current stream, whichever it is).
 
 Triton launches a kernel on the *current* CUDA device and that device's current stream, whatever
 device the tensors are on. A model spread over several GPUs in one process (transformers'
@@ -251,6 +251,34 @@ def test_ordered_on_the_tensors_stream(name, seed):
             outputs = call(poisoned)
             for o, e in zip(outputs, expected):
                 assert torch.equal(o.cpu(), e), f"{name}: call {repeat} read unwritten inputs"
+
+
+@pytest.mark.skipif(not ON_GPU or _launch.INTERPRETED, reason="needs a GPU")
+@pytest.mark.parametrize("name", CALL_NAMES)
+def test_ordered_on_a_side_stream(name, seed):
+    """One GPU, a side stream current (as a serving loop's own stream): the inputs are written
+    on it behind a long sleep, and each call, five times (the full path, then the remembered
+    launch, armed from the third call where it arms), launches on it and reads them after they
+    are written. (Launched on the default stream, it would read the NaNs they held before.)"""
+    inputs = _inputs(seed)
+    call = _calls(False)[name]
+    ready = _to(inputs, "cuda")
+    expected = [o.cpu() for o in call(ready)]
+    poisoned = {k: x.clone() for k, x in ready.items()}
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for repeat in range(5):
+            for k, x in poisoned.items():
+                if x.is_floating_point():
+                    x.fill_(float("nan"))
+            torch.cuda._sleep(50_000_000)  # tens of milliseconds on the side stream
+            for k, x in poisoned.items():
+                x.copy_(ready[k])
+            outputs = call(poisoned)
+            for o, e in zip(outputs, expected):
+                assert torch.equal(o.cpu(), e), f"{name}: call {repeat} read unwritten inputs"
+    torch.cuda.synchronize()
 
 
 @needs_two_gpus
