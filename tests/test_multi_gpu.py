@@ -125,15 +125,13 @@ def _inputs(seed):
 
 def _calls(validate):
     """name -> (function of the inputs on one device -> its outputs)."""
-    def te(fmt, **kw):
+    def te(fmt, start=False, **kw):
         def call(a):
             t = {"sbhd": a["sbhd"], "bshd": a["sbhd"].transpose(0, 1), "thd": a["thd"]}[fmt]
-            if fmt == "thd":
-                kw["cu_seqlens"] = a["cu_seqlens"]
-            if "start_positions" in kw:
-                kw["start_positions"] = a["start"]
+            extra = dict(kw, cu_seqlens=a["cu_seqlens"] if fmt == "thd" else None,
+                         start_positions=a["start"] if start else None)
             return (apply_rotary_pos_emb(t, a["freqs"], fmt, fused=True, validate=validate,
-                                         **kw),)
+                                         **extra),)
         return call
 
     def few_thd(a):
@@ -158,7 +156,7 @@ def _calls(validate):
 
     return {
         "te sbhd": te("sbhd"),
-        "te bshd start_positions": te("bshd", start_positions=True),
+        "te bshd start_positions": te("bshd", start=True),
         "te bshd 1d kernel": te("bshd", kernel="1d"),
         "te thd pre-pass": te("thd"),
         "te thd few sequences interleaved": few_thd,
@@ -194,7 +192,7 @@ def test_each_entry_point_on_the_other_gpu(name, validate, seed):
     call = _calls(validate)[name]
     with torch.cuda.device(0):
         on_current = _to(inputs, "cuda:0")
-        for _ in range(3):  # (armed: the remembered launch of cuda:0 is ready for cuda:0)
+        for _ in range(3):  # by the third call the signature's launch is armed for cuda:0
             expected = [o.cpu() for o in call(on_current)]
     for current, other in [(0, 1), (1, 0)]:
         with torch.cuda.device(current):
