@@ -232,3 +232,53 @@ def test_operator_fake_matches_real(rotary_dim, seed):
     result = torch.library.opcheck(_ops.rope_cos_sin, (q, k, cos, sin, 1, False),
                                    test_utils=("test_faketensor", "test_schema"))
     assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_tiny_model_under_autocast(arch, seed, monkeypatch):
+    """Mixed precision as transformers' Trainer runs it with ``bf16=True``: an fp32 model under
+    ``torch.autocast(dtype=torch.bfloat16)``. q and k come out of the projections in bf16 while
+    the rotary module's cos and sin follow the hidden states, fp32, so transformers' function
+    returns fp32 results and ours bf16 (q's dtype); the attention's matmuls cast both to bf16.
+    The first layer's rotated q and k (the same inputs in both runs) are transformers' rounded
+    to bf16; logits and every gradient stay within bf16 rounding of transformers' own."""
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config, cls, module = _llama_config(), transformers.LlamaForCausalLM, modeling_llama
+    else:
+        config, cls, module = _neox_config(), transformers.GPTNeoXForCausalLM, modeling_gpt_neox
+    config._attn_implementation = "eager"
+    model = cls(config).to(DEVICE)
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed)
+                        ).to(DEVICE)
+    results = {}
+
+    def recorded(name, fn):
+        def call(q, k, cos, sin, *args, **kw):
+            out = fn(q, k, cos, sin, *args, **kw)
+            results.setdefault(name, [(q.dtype, cos.dtype), *[o.detach() for o in out]])
+            return out
+        return call
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb",
+                        recorded("theirs", module.apply_rotary_pos_emb))
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        logits, grads = _logits_and_grads(model, ids)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb",
+                        recorded("ours", rope_kernels.hf.apply_rotary_pos_emb))
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        logits2, grads2 = _logits_and_grads(model, ids)
+    (kinds, *theirs), (_, *ours) = results["theirs"], results["ours"]
+    assert kinds == (torch.bfloat16, torch.float32)  # the mixed case is the one tested
+    for name, got, want in zip("qk", ours, theirs):
+        assert (got.dtype, want.dtype) == (torch.bfloat16, torch.float32)
+        assert_rope_close(got, want.double(), torch.bfloat16, "layer 0 " + name)
+    # Through the attention and two layers, those roundings stay within a few bf16 ulps of each
+    # tensor's largest element (2.3 at most over 24 seeds in the interpreter, which truncates
+    # where a GPU rounds to nearest).
+    bound = 4 * torch.finfo(torch.bfloat16).eps
+    assert (logits2 - logits).abs().max() <= bound * logits.abs().max()
+    assert grads2.keys() == grads.keys()
+    for name in grads:
+        diff = (grads2[name] - grads[name]).abs().max()
+        assert diff <= bound * grads[name].abs().max(), (name, diff.item())
