@@ -163,19 +163,24 @@ def _logits_and_grads(model, ids):
                                  if p.grad is not None}
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
-def test_tiny_model_unchanged(arch, seed, monkeypatch):
-    """A tiny random model (fp32, eager attention): logits and every parameter's gradient match
-    with our function assigned over transformers' (the way a user swaps it in)."""
+def _tiny_model(arch, seed):
+    """(config, a tiny random fp32 model with eager attention, its transformers module, token
+    ids): Llama or GPT-NeoX."""
     torch.manual_seed(seed)
     if arch == "llama":
         config, cls, module = _llama_config(), transformers.LlamaForCausalLM, modeling_llama
     else:
         config, cls, module = _neox_config(), transformers.GPTNeoXForCausalLM, modeling_gpt_neox
     config._attn_implementation = "eager"
-    model = cls(config).to(DEVICE)
-    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed)
-                        ).to(DEVICE)
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed))
+    return config, cls(config).to(DEVICE), module, ids.to(DEVICE)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_tiny_model_unchanged(arch, seed, monkeypatch):
+    """A tiny random model (fp32, eager attention): logits and every parameter's gradient match
+    with our function assigned over transformers' (the way a user swaps it in)."""
+    config, model, module, ids = _tiny_model(arch, seed)
     logits, grads = _logits_and_grads(model, ids)
     calls = []
 
@@ -242,15 +247,7 @@ def test_tiny_model_under_autocast(arch, seed, monkeypatch):
     returns fp32 results and ours bf16 (q's dtype); the attention's matmuls cast both to bf16.
     The first layer's rotated q and k (the same inputs in both runs) are transformers' rounded
     to bf16; logits and every gradient stay within bf16 rounding of transformers' own."""
-    torch.manual_seed(seed)
-    if arch == "llama":
-        config, cls, module = _llama_config(), transformers.LlamaForCausalLM, modeling_llama
-    else:
-        config, cls, module = _neox_config(), transformers.GPTNeoXForCausalLM, modeling_gpt_neox
-    config._attn_implementation = "eager"
-    model = cls(config).to(DEVICE)
-    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed)
-                        ).to(DEVICE)
+    config, model, module, ids = _tiny_model(arch, seed)
     results = {}
 
     def recorded(name, fn):
