@@ -65,7 +65,6 @@ class _FakeKernel:
 
     def __init__(self, devices):
         self.devices, self.launched_on = devices, []
-        self.debug, self.pre_run_hooks = False, []
 
     def __getitem__(self, grid):
         return lambda *args, **kw: self.launched_on.append(self.devices.current)
@@ -101,6 +100,7 @@ def test_launch_makes_the_tensors_device_current(where, monkeypatch):
 def _inputs(seed):
     """Every entry point's arguments, made on the CPU (moved per device by the cases)."""
     s, b, h, d = 48, 2, 4, 64
+    angles = RotaryPositionEmbedding(d)(512).view(512, d)[:, : d // 2]  # the cache's angles
     lengths = torch.randint(1, 9, (200,), generator=torch.Generator().manual_seed(seed))
     return dict(
         sbhd=randn((s, b, h, d), torch.bfloat16, seed, "cpu"),
@@ -115,8 +115,7 @@ def _inputs(seed):
         positions=torch.randint(0, 512, (37,), generator=torch.Generator().manual_seed(seed)),
         query=randn((37, 8 * d), torch.bfloat16, seed + 3, "cpu"),
         key=randn((37, 2 * d), torch.bfloat16, seed + 4, "cpu"),
-        cache=torch.cat((RotaryPositionEmbedding(d)(512).view(512, d)[:, : d // 2].cos(),
-                         RotaryPositionEmbedding(d)(512).view(512, d)[:, : d // 2].sin()), 1),
+        cache=torch.cat((angles.cos(), angles.sin()), 1),
         hf_q=randn((b, s, 8, d), torch.float32, seed + 5, "cpu"),
         hf_k=randn((b, s, 2, d), torch.float32, seed + 6, "cpu"),
         hf_angles=randn((b, s, d // 2), torch.float32, seed + 7, "cpu"),
