@@ -122,6 +122,12 @@ def _inputs(seed):
     )
 
 
+def _hf_cos_sin(a):
+    """Hugging Face's cos and sin, [b, s, d], from the inputs' half-width angles."""
+    emb = torch.cat((a["hf_angles"], a["hf_angles"]), -1)
+    return emb.cos(), emb.sin()
+
+
 def _calls(validate):
     """name -> (function of the inputs on one device -> its outputs)."""
     def te(fmt, start=False, **kw):
@@ -138,12 +144,8 @@ def _calls(validate):
         return (apply_rotary_pos_emb(t, a["freqs"], "thd", cu_seqlens=a["few"], fused=True,
                                      validate=validate, interleaved=True),)
 
-    def cos_sin(a):
-        emb = torch.cat((a["hf_angles"], a["hf_angles"]), -1)
-        return emb.cos(), emb.sin()
-
     def hf(a):
-        cos, sin = cos_sin(a)
+        cos, sin = _hf_cos_sin(a)
         return rope_kernels.hf.apply_rotary_pos_emb(a["hf_q"].transpose(1, 2),
                                                     a["hf_k"].transpose(1, 2), cos, sin)
 
@@ -215,6 +217,25 @@ def test_reference_on_the_other_gpu(seed):
     assert_rope_close(out.cpu(), ref, torch.bfloat16)
 
 
+def _each_call_reads_what_was_written(name, call, ready, expected, repeats, writer):
+    """``repeats`` times: NaN into a copy of the float inputs, then, on the stream that
+    ``writer()`` makes current, a sleep of tens of milliseconds and the real values copied in;
+    the call, made at once, must give ``expected`` (the bits of the call on ``ready``). A call
+    launched on another stream reads the NaNs."""
+    poisoned = {k: x.clone() for k, x in ready.items()}
+    for repeat in range(repeats):
+        for x in poisoned.values():
+            if x.is_floating_point():
+                x.fill_(float("nan"))
+        with writer():
+            torch.cuda._sleep(50_000_000)
+            for k, x in poisoned.items():
+                x.copy_(ready[k])
+        outputs = call(poisoned)
+        for o, e in zip(outputs, expected):
+            assert torch.equal(o.cpu(), e), f"{name}: call {repeat} read unwritten inputs"
+
+
 @needs_two_gpus
 @pytest.mark.parametrize("name", ["te sbhd", "te bshd 1d kernel", "te thd pre-pass", "fused qkv",
                                   "cos/sin cache", "cos/sin cache in place", "hugging face",
@@ -229,25 +250,14 @@ def test_ordered_on_the_tensors_stream(name, seed):
     with torch.cuda.device(0):
         expected = [o.cpu() for o in call(_to(inputs, "cuda:0"))]
     ready = _to(inputs, "cuda:1")
-    poisoned = {k: (torch.full_like(x, float("nan")) if x.is_floating_point() else x.clone())
-                for k, x in ready.items()}
     torch.cuda.synchronize(1)
     with torch.cuda.device(0):
         for peer in (0, 1):  # peer access on both ways where the GPUs have it
             if torch.cuda.can_device_access_peer(peer, 1 - peer):
                 torch.empty(1, device=f"cuda:{peer}").copy_(
                     torch.ones(1, device=f"cuda:{1 - peer}"))
-        for repeat in range(3):
-            for k, x in poisoned.items():
-                if x.is_floating_point():
-                    x.fill_(float("nan"))
-            with torch.cuda.device(1):
-                torch.cuda._sleep(50_000_000)  # tens of milliseconds on cuda:1's stream
-                for k, x in poisoned.items():
-                    x.copy_(ready[k])
-            outputs = call(poisoned)
-            for o, e in zip(outputs, expected):
-                assert torch.equal(o.cpu(), e), f"{name}: call {repeat} read unwritten inputs"
+        _each_call_reads_what_was_written(name, call, ready, expected, 3,
+                                          writer=lambda: torch.cuda.device(1))
 
 
 @pytest.mark.skipif(not ON_GPU or _launch.INTERPRETED, reason="needs a GPU")
@@ -261,20 +271,11 @@ def test_ordered_on_a_side_stream(name, seed):
     call = _calls(False)[name]
     ready = _to(inputs, "cuda")
     expected = [o.cpu() for o in call(ready)]
-    poisoned = {k: x.clone() for k, x in ready.items()}
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        for repeat in range(5):
-            for k, x in poisoned.items():
-                if x.is_floating_point():
-                    x.fill_(float("nan"))
-            torch.cuda._sleep(50_000_000)  # tens of milliseconds on the side stream
-            for k, x in poisoned.items():
-                x.copy_(ready[k])
-            outputs = call(poisoned)
-            for o, e in zip(outputs, expected):
-                assert torch.equal(o.cpu(), e), f"{name}: call {repeat} read unwritten inputs"
+        _each_call_reads_what_was_written(name, call, ready, expected, 5,
+                                          writer=contextlib.nullcontext)
     torch.cuda.synchronize()
 
 
@@ -287,11 +288,11 @@ def test_gradients_on_the_other_gpu(seed):
         a = _to(inputs, device)
         t = a["sbhd"].float().requires_grad_(True)
         q = a["hf_q"].transpose(1, 2).requires_grad_(True)
-        emb = torch.cat((a["hf_angles"], a["hf_angles"]), -1)
+        cos, sin = _hf_cos_sin(a)
         with torch.cuda.device(current):
             out = apply_rotary_pos_emb(t, a["freqs"], "sbhd", fused=True)
             q_out, k_out = rope_kernels.hf.apply_rotary_pos_emb(q, a["hf_k"].transpose(1, 2),
-                                                                emb.cos(), emb.sin())
+                                                                cos, sin)
             ((out * out).sum() + (q_out * q_out).sum() + k_out.sum()).backward()
         results.append([t.grad.cpu(), q.grad.cpu()])
     for got, want in zip(results[1], results[0]):
