@@ -109,6 +109,23 @@ def _qkv_backward(ctx, q_grad, k_grad, v_grad):
 rope_qkv.register_autograd(_qkv_backward, setup_context=_qkv_setup)
 
 
+def _qkv_backward_setup(ctx, inputs, output):
+    _qkv_setup(ctx, (None,) + tuple(inputs[3:]), output)
+
+
+def _qkv_backward_backward(ctx, grad):
+    # rope_qkv_backward rotates q and k by R(theta)^T and packs q, k and v into one tensor; its
+    # transpose unpacks and rotates by R(theta): rope_qkv (create_graph=True).
+    q_freqs, k_freqs, start_positions = ctx.saved_tensors
+    splits, fmt, interleaved, cp_size, cp_rank = ctx.args
+    q_grad, k_grad, v_grad = rope_qkv(grad, q_freqs, k_freqs, splits, fmt, start_positions,
+                                      interleaved, cp_size, cp_rank)
+    return (q_grad, k_grad, v_grad) + (None,) * 8
+
+
+rope_qkv_backward.register_autograd(_qkv_backward_backward, setup_context=_qkv_backward_setup)
+
+
 # --- FlashInfer/vLLM: apply_rope_with_cos_sin_cache(_inplace) --------------------------------
 @torch.library.custom_op("rope_kernels::rope_cos_sin_cache", mutates_args=())
 def rope_cos_sin_cache(positions: Tensor, query: Tensor, key: Tensor, head_size: int,

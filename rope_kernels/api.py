@@ -135,21 +135,27 @@ class RoPEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size,
-                cp_rank, launcher):
+                cp_rank, launcher, backward=False):
         ctx.save_for_backward(freqs, start_positions, cu_seqlens)
-        ctx.args = (tensor_format, interleaved, cp_size, cp_rank, launcher)
+        ctx.args = (tensor_format, interleaved, cp_size, cp_rank, launcher, backward)
         return launcher(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
-                        cp_size, cp_rank)
+                        cp_size, cp_rank, backward=backward)
 
     @staticmethod
     def backward(ctx, grad_out):
         freqs, start_positions, cu_seqlens = ctx.saved_tensors
-        tensor_format, interleaved, cp_size, cp_rank, launcher = ctx.args
+        tensor_format, interleaved, cp_size, cp_rank, launcher, backward = ctx.args
         # grad_out may have any strides, stride 0 included (e.g. from `out.sum()`): the kernels
-        # read it through its strides, no copy needed.
-        grad_t = launcher(grad_out, freqs, tensor_format, start_positions, interleaved,
-                          cu_seqlens, cp_size, cp_rank, backward=True)
-        return grad_t, None, None, None, None, None, None, None, None
+        # read it through its strides, no copy needed. Grad mode is on here only for
+        # create_graph=True (a gradient penalty): then the same Function with sin negated, so
+        # that the gradient is differentiable in turn; else the launcher alone (no bookkeeping).
+        args = (grad_out, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
+                cp_size, cp_rank)
+        if torch.is_grad_enabled():
+            grad_t = RoPEFunction.apply(*args, launcher, not backward)
+        else:
+            grad_t = launcher(*args, backward=not backward)
+        return grad_t, None, None, None, None, None, None, None, None, None
 
 
 def apply_rotary_pos_emb(

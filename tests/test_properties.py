@@ -175,6 +175,39 @@ def test_reference_gradcheck_float64():
         lambda x: rope_reference(x, emb, "sbhd", start_positions=starts, interleaved=True), (t,))
 
 
+def _double_backward_cases():
+    from test_compile import _cases  # every entry point, as functions of tensors only
+
+    cases = {name: case for name, case in _cases().items()}
+    emb = RotaryPositionEmbedding(32, device=DEVICE)(64)
+    cases["te bshd, 1d kernel"] = (
+        lambda t: apply_rotary_pos_emb(t, emb, "bshd", fused=True, kernel="1d"),
+        [randn((2, 8, 3, 32), torch.float32, 4)])
+    return cases
+
+
+@pytest.mark.parametrize("name", list(_double_backward_cases()))
+def test_gradient_of_the_gradient(name):
+    """create_graph=True (a gradient penalty): every gradient is differentiable in turn. With the
+    flattened outputs f(x) and inputs x, L = <f(x), v> + 2 <x, v> gives g = dL/dx = J^T v + 2v,
+    and d<g, w>/dv = J w + 2w = f(w) + 2w: the forward again. The 2<x, v> term gives g a grad_fn
+    even where RoPE's backward is not differentiable, so a missing double backward would show as
+    a wrong result (2w alone), not only as an error."""
+    fn, inputs = _double_backward_cases()[name]
+    flat = lambda out: (torch.cat([o.flatten() for o in out]) if isinstance(out, tuple)  # noqa
+                        else out.flatten())
+    x = [i.clone().requires_grad_(True) for i in inputs]
+    out = flat(fn(*x))
+    v = randn(out.shape, torch.float32, 11).requires_grad_(True)
+    x_flat = torch.cat([i.flatten() for i in x])
+    g = torch.autograd.grad((out * v).sum() + 2 * (x_flat * v).sum(), x, create_graph=True)
+    w = [randn(i.shape, torch.float32, 20 + n) for n, i in enumerate(inputs)]
+    (d_v,) = torch.autograd.grad(sum((gi * wi).sum() for gi, wi in zip(g, w)), v)
+    with torch.no_grad():
+        expected = flat(fn(*w)) + 2 * torch.cat([wi.flatten() for wi in w])
+    torch.testing.assert_close(d_v, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads", [8, 12, 32])
 @pytest.mark.parametrize("backward", [False, True])
