@@ -320,3 +320,52 @@ def test_compiled_calls_on_the_other_gpu(seed):
             for o, e in zip(outputs, expected):
                 assert o.device == torch.device("cuda", 1)
                 assert torch.equal(o.cpu(), e), f"compiled call {repeat} on cuda:1"
+
+
+def _split_device_map(model, first, second) -> dict:
+    """accelerate's device map of a model whose decoder layers are split in two halves: the
+    first half and every other module on ``first``, the second half on ``second``."""
+    device_map = {}
+
+    def visit(prefix, module):
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.ModuleList):
+                for i in range(len(child)):
+                    device_map[f"{prefix}{name}.{i}"] = first if i < len(child) // 2 else second
+            elif any(isinstance(m, torch.nn.ModuleList) for m in child.modules()):
+                visit(f"{prefix}{name}.", child)
+            else:
+                device_map[f"{prefix}{name}"] = first
+    visit("", model)
+    return device_map
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_transformers_model_split_over_two_gpus(arch, seed, monkeypatch):
+    """End to end, what ``device_map="auto"`` does: a tiny transformers model dispatched by
+    accelerate over cuda:0 and cuda:1 (one decoder layer on each), cuda:0 current. With our
+    function assigned over transformers', the second layer calls it with cuda:1 tensors, and
+    logits and every gradient match transformers' own function on the same split model."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not a test extra")
+    pytest.importorskip("transformers", reason="transformers is a test extra")
+    from test_hf import _logits_and_grads, _tiny_model
+
+    config, model, module, ids = _tiny_model(arch, seed)
+    model = accelerate.dispatch_model(model, _split_device_map(model, 0, 1))
+    with torch.cuda.device(0):
+        logits, grads = _logits_and_grads(model, ids)
+        calls = []
+
+        def ours(q, k, *args, **kw):
+            calls.append((q.device, torch.cuda.current_device()))
+            return rope_kernels.hf.apply_rotary_pos_emb(q, k, *args, **kw)
+
+        monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
+        logits2, grads2 = _logits_and_grads(model, ids)
+    assert calls == [(torch.device("cuda", 0), 0), (torch.device("cuda", 1), 0)], calls
+    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
+    assert grads2.keys() == grads.keys()
+    for name in grads:
+        assert grads2[name].device == grads[name].device
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
