@@ -340,31 +340,59 @@ def _split_device_map(model, first, second) -> dict:
     return device_map
 
 
+def _sleep_on_cuda_1(module, args):
+    with torch.cuda.device(1):
+        torch.cuda._sleep(20_000_000)
+
+
+def _inference(model, ids):
+    """Logits of one forward pass and a greedy generation of 5 tokens (a prefill, then decode
+    steps with the key-value cache, each a repeated call of the same signature), no gradient."""
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        gen = model.generate(ids, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    return logits, gen.sequences, torch.stack(gen.scores)
+
+
 @needs_two_gpus
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
 def test_transformers_model_split_over_two_gpus(arch, seed, monkeypatch):
     """End to end, what ``device_map="auto"`` does: a tiny transformers model dispatched by
-    accelerate over cuda:0 and cuda:1 (one decoder layer on each), cuda:0 current. With our
-    function assigned over transformers', the second layer calls it with cuda:1 tensors, and
-    logits and every gradient match transformers' own function on the same split model."""
+    accelerate over cuda:0 and cuda:1 (one decoder layer on each), cuda:0 current, cuda:1 busy
+    (a long kernel on its stream before its layer). With our function assigned over
+    transformers', the second layer calls it with cuda:1 tensors; a forward pass, a greedy
+    generation (its decode steps take the eager shortcut), and training's logits and every
+    gradient match transformers' own function on the same split model. (accelerate's copies
+    between the GPUs turn peer access on, so a launch on cuda:0 would read cuda:1's q and k;
+    the busy stream makes it read them before they are written.)"""
     accelerate = pytest.importorskip("accelerate", reason="accelerate is not a test extra")
     pytest.importorskip("transformers", reason="transformers is a test extra")
     from test_hf import _logits_and_grads, _tiny_model
 
     config, model, module, ids = _tiny_model(arch, seed)
-    model = accelerate.dispatch_model(model, _split_device_map(model, 0, 1))
+    device_map = _split_device_map(model, 0, 1)
+    model = accelerate.dispatch_model(model, device_map)
+    for name, device in device_map.items():
+        if device == 1:  # cuda:1 busy: its layer's q and k are written after a long kernel
+            model.get_submodule(name).register_forward_pre_hook(_sleep_on_cuda_1)
+    calls = set()
+
+    def ours(q, k, *args, **kw):
+        calls.add((q.device, torch.cuda.current_device()))
+        return rope_kernels.hf.apply_rotary_pos_emb(q, k, *args, **kw)
+
     with torch.cuda.device(0):
-        logits, grads = _logits_and_grads(model, ids)
-        calls = []
-
-        def ours(q, k, *args, **kw):
-            calls.append((q.device, torch.cuda.current_device()))
-            return rope_kernels.hf.apply_rotary_pos_emb(q, k, *args, **kw)
-
+        expected = _inference(model, ids) + _logits_and_grads(model, ids)
         monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
-        logits2, grads2 = _logits_and_grads(model, ids)
-    assert calls == [(torch.device("cuda", 0), 0), (torch.device("cuda", 1), 0)], calls
+        got = _inference(model, ids) + _logits_and_grads(model, ids)
+    assert calls == {(torch.device("cuda", 0), 0), (torch.device("cuda", 1), 0)}, calls
+    (logits, sequences, scores, train_logits, grads) = expected
+    (logits2, sequences2, scores2, train_logits2, grads2) = got
     torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(sequences2, sequences)
+    torch.testing.assert_close(scores2, scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(train_logits2, train_logits, rtol=1e-5, atol=1e-5)
     assert grads2.keys() == grads.keys()
     for name in grads:
         assert grads2[name].device == grads[name].device
