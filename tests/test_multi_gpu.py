@@ -366,7 +366,7 @@ def test_transformers_model_split_over_two_gpus(arch, seed, monkeypatch):
     gradient match transformers' own function on the same split model. (accelerate's copies
     between the GPUs turn peer access on, so a launch on cuda:0 would read cuda:1's q and k;
     the busy stream makes it read them before they are written.)"""
-    accelerate = pytest.importorskip("accelerate", reason="accelerate is not a test extra")
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra")
     pytest.importorskip("transformers", reason="transformers is a test extra")
     from test_hf import _logits_and_grads, _tiny_model
 
