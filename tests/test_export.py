@@ -101,7 +101,8 @@ def _dynamic_cases():
 @pytest.mark.parametrize("name", list(_dynamic_cases()))
 def test_one_export_serves_every_length(name):
     fn, make, dynamic = _dynamic_cases()[name]
-    ep = torch.export.export(_Module(fn), tuple(make(8, 0)), dynamic_shapes=(dynamic,))  # (forward(*args))
+    # forward(*args): the positional arguments are one tuple, so their shapes are nested once more
+    ep = torch.export.export(_Module(fn), tuple(make(8, 0)), dynamic_shapes=(dynamic,))
     run = ep.module()
     for n in (3, 8, 21):
         inputs = make(n, n)

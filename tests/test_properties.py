@@ -178,7 +178,7 @@ def test_reference_gradcheck_float64():
 def _double_backward_cases():
     from test_compile import _cases  # every entry point, as functions of tensors only
 
-    cases = {name: case for name, case in _cases().items()}
+    cases = _cases()
     emb = RotaryPositionEmbedding(32, device=DEVICE)(64)
     cases["te bshd, 1d kernel"] = (
         lambda t: apply_rotary_pos_emb(t, emb, "bshd", fused=True, kernel="1d"),
@@ -193,9 +193,9 @@ def test_gradient_of_the_gradient(name):
     and d<g, w>/dv = J w + 2w = f(w) + 2w: the forward again. The 2<x, v> term gives g a grad_fn
     even where RoPE's backward is not differentiable, so a missing double backward would show as
     a wrong result (2w alone), not only as an error."""
+    from test_compile import _flat as flat
+
     fn, inputs = _double_backward_cases()[name]
-    flat = lambda out: (torch.cat([o.flatten() for o in out]) if isinstance(out, tuple)  # noqa
-                        else out.flatten())
     x = [i.clone().requires_grad_(True) for i in inputs]
     out = flat(fn(*x))
     v = randn(out.shape, torch.float32, 11).requires_grad_(True)
