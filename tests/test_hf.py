@@ -197,6 +197,32 @@ def test_tiny_model_unchanged(arch, seed, monkeypatch):
         torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_tiny_model_with_gradient_checkpointing(arch, reentrant, seed, monkeypatch):
+    """Training with ``gradient_checkpointing_enable()`` (both of torch's checkpoint modes): each
+    layer's forward runs once without keeping activations and again during the backward, so our
+    function is called twice per layer; logits and every gradient match transformers' own."""
+    config, model, module, ids = _tiny_model(arch, seed)
+    model.train()
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    logits, grads = _logits_and_grads(model, ids)
+    calls = []
+
+    def ours(*args, **kw):
+        calls.append(1)
+        return rope_kernels.hf.apply_rotary_pos_emb(*args, **kw)
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
+    logits2, grads2 = _logits_and_grads(model, ids)
+    assert len(calls) == 2 * config.num_hidden_layers  # forward, then recomputed in backward
+    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
+    assert grads2.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 BAD = [
     ("unsqueeze_dim 3", dict(unsqueeze_dim=3), ValueError, ["unsqueeze_dim must be 1", "3"]),
     ("cos wider than head_dim", dict(cos="wide", sin="wide"), ValueError,
