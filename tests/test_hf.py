@@ -200,13 +200,17 @@ def test_tiny_model_unchanged(arch, seed, monkeypatch):
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
 def test_tiny_model_with_gradient_checkpointing(arch, reentrant, seed, monkeypatch):
-    """Training with ``gradient_checkpointing_enable()`` (both of torch's checkpoint modes): each
+    """Training with activation (gradient) checkpointing, both of torch's modes: each
     layer's forward runs once without keeping activations and again during the backward, so our
     function is called twice per layer; logits and every gradient match transformers' own."""
     config, model, module, ids = _tiny_model(arch, seed)
     model.train()
     model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    kwargs = {"use_reentrant": reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):  # 5.24: the other is a deprecated alias
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     logits, grads = _logits_and_grads(model, ids)
     calls = []
 
