@@ -110,6 +110,7 @@ rope_qkv.register_autograd(_qkv_backward, setup_context=_qkv_setup)
 
 
 def _qkv_backward_setup(ctx, inputs, output):
+    # What rope_qkv's backward saves: its inputs after the three gradients are rope_qkv's after qkv.
     _qkv_setup(ctx, (None,) + tuple(inputs[3:]), output)
 
 

@@ -68,6 +68,11 @@ def _flat(out):
     return torch.cat([o.flatten() for o in out]) if isinstance(out, tuple) else out.flatten()
 
 
+def _fresh(inputs, seed):
+    """New random values of the inputs' shapes and dtypes (one seed per input)."""
+    return [randn(x.shape, x.dtype, seed + i) for i, x in enumerate(inputs)]
+
+
 @pytest.mark.parametrize("name", list(_cases()))
 def test_fullgraph_forward_and_backward_match_eager(name):
     torch._dynamo.reset()
@@ -142,7 +147,7 @@ def test_default_call_captured_in_a_cuda_graph(name):
     with torch.cuda.graph(graph):
         out = fn(*static)
     for seed in (11, 12):
-        fresh = [randn(x.shape, x.dtype, seed + i) for i, x in enumerate(inputs)]
+        fresh = _fresh(inputs, seed)
         for s, f in zip(static, fresh):
             s.copy_(f)
         graph.replay()
@@ -157,7 +162,7 @@ def test_reduce_overhead_mode(name):
     fn, inputs = _cases(dtype=torch.bfloat16)[name]
     compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
     for seed in (21, 22, 23):  # the later calls replay the CUDA graph
-        fresh = [randn(x.shape, x.dtype, seed + i) for i, x in enumerate(inputs)]
+        fresh = _fresh(inputs, seed)
         out = _flat(compiled(*fresh)).clone()
         torch.testing.assert_close(out, _flat(fn(*fresh)), rtol=0, atol=0)
 

@@ -47,8 +47,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextlib.contextmanager
-def sm90_driver(capability: int = 90):
-    """A stand-in driver for an sm_90 GPU (or another compute ``capability``) while a kernel
+def stand_in_driver(capability: int = 90):
+    """A stand-in driver for a GPU of compute ``capability`` (sm_90 by default) while a kernel
     compiles (``warmup`` launches nothing); the real one (or none, on a CPU) is put back at
     once, so that no other test sees it."""
     from triton.backends import DriverBase
@@ -174,7 +174,7 @@ def fused_qkv(qk, dtype=torch.bfloat16):
 def compile_qk(qk, plan, dtype=torch.bfloat16, capability=90):
     pointers = [dtype] * 6 + [torch.float32 if plan.constexprs["ANGLES"] == 0 else dtype] * 3
     pointers += [torch.int64, torch.int64]
-    with sm90_driver(capability):
+    with stand_in_driver(capability):
         return qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
                                         num_warps=plan.num_warps, grid=plan.grid)
 
@@ -211,7 +211,7 @@ def rope_2d_gpu_plan(r2, t, freqs, tensor_format, cu_seqlens=None, backward=Fals
 
 
 def compile_rope_2d(r2, plan, dtype, capability=90, seq_info=torch.int32):
-    with sm90_driver(capability):
+    with stand_in_driver(capability):
         return r2.rope_2d_kernel.warmup(dtype, torch.float32, dtype, seq_info, torch.int32,
                                         *plan.scalars, **plan.constexprs,
                                         num_warps=plan.num_warps, grid=plan.grid)
@@ -290,7 +290,7 @@ def test_rope_2d_compiles_for_older_gpus(compiled_modules, capability, dtype):
     assert plan.constexprs["TOKEN_ROWS"] and not plan.constexprs["PDL_WAIT"]
     assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
     pre = r2.pre_pass_plan(8192, 300)
-    with sm90_driver(capability):
+    with stand_in_driver(capability):
         assert r2.thd_positions_kernel.warmup(torch.int32, torch.int32, torch.int32, *pre.scalars,
                                               **pre.constexprs, num_warps=pre.num_warps,
                                               grid=pre.grid).asm["cubin"]

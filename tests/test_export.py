@@ -21,7 +21,7 @@ import torch
 from torch.export import Dim
 
 from conftest import DEVICE, randn
-from test_compile import D, _cache, _cases, _flat
+from test_compile import D, _cache, _cases, _flat, _fresh
 import rope_kernels.hf
 from rope_kernels import (RotaryPositionEmbedding, apply_rope_with_cos_sin_cache,
                           apply_rope_with_cos_sin_cache_inplace, apply_rotary_pos_emb)
@@ -39,10 +39,6 @@ class _Module(torch.nn.Module):
 def _our_ops(ep) -> set:
     return {str(n.target) for n in ep.graph.nodes
             if n.op == "call_function" and str(n.target).startswith("rope_kernels.")}
-
-
-def _fresh(inputs, seed):
-    return [randn(x.shape, x.dtype, seed + i) for i, x in enumerate(inputs)]
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])

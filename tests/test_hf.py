@@ -176,11 +176,10 @@ def _tiny_model(arch, seed):
     return config, cls(config).to(DEVICE), module, ids.to(DEVICE)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
-def test_tiny_model_unchanged(arch, seed, monkeypatch):
-    """A tiny random model (fp32, eager attention): logits and every parameter's gradient match
-    with our function assigned over transformers' (the way a user swaps it in)."""
-    config, model, module, ids = _tiny_model(arch, seed)
+def _swapped_calls_match(model, module, ids, monkeypatch) -> int:
+    """Logits and every parameter's gradient of ``model`` with transformers' function, then with
+    ours assigned over it (the way a user swaps it in): they must match. Returns how many times
+    ours was called."""
     logits, grads = _logits_and_grads(model, ids)
     calls = []
 
@@ -190,11 +189,19 @@ def test_tiny_model_unchanged(arch, seed, monkeypatch):
 
     monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
     logits2, grads2 = _logits_and_grads(model, ids)
-    assert len(calls) == config.num_hidden_layers
     torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
     assert grads2.keys() == grads.keys()
     for name in grads:
         torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    return len(calls)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_tiny_model_unchanged(arch, seed, monkeypatch):
+    """A tiny random model (fp32, eager attention): logits and every parameter's gradient match
+    with our function assigned over transformers' (the way a user swaps it in)."""
+    config, model, module, ids = _tiny_model(arch, seed)
+    assert _swapped_calls_match(model, module, ids, monkeypatch) == config.num_hidden_layers
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
@@ -211,20 +218,8 @@ def test_tiny_model_with_gradient_checkpointing(arch, reentrant, seed, monkeypat
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    logits, grads = _logits_and_grads(model, ids)
-    calls = []
-
-    def ours(*args, **kw):
-        calls.append(1)
-        return rope_kernels.hf.apply_rotary_pos_emb(*args, **kw)
-
-    monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
-    logits2, grads2 = _logits_and_grads(model, ids)
-    assert len(calls) == 2 * config.num_hidden_layers  # forward, then recomputed in backward
-    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
-    assert grads2.keys() == grads.keys()
-    for name in grads:
-        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    calls = _swapped_calls_match(model, module, ids, monkeypatch)
+    assert calls == 2 * config.num_hidden_layers  # forward, then recomputed in backward
 
 
 BAD = [
