@@ -1,7 +1,8 @@
 """The README's recorded numbers are the recorded run's: its header against figures/provenance.json,
-its table at TransformerEngine's default shape against figures/bench.csv, and its launch-latency
-tables against the figures/launch_latency*.json each row names. A re-recorded run fails here until
-the README is updated with it (the README prints fractions to 3 decimals and microseconds to 1)."""
+its table at TransformerEngine's default shape and its first target's figures against
+figures/bench.csv, its launch-latency table and docs/recorded_results.md's per-host table against
+the figures/launch_latency*.json each row names. A re-recorded run fails here until the README is
+updated with it (the README prints fractions to 3 decimals and microseconds to 1)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
 README = (ROOT / "README.md").read_text()
+RECORDED = (ROOT / "docs" / "recorded_results.md").read_text()  # the README's detail
 
 pd = pytest.importorskip("pandas")
 
 
-def table_after(marker: str) -> list[list[str]]:
-    """The cells of the first Markdown table after ``marker`` (header and separator dropped)."""
-    lines = README[README.index(marker):].splitlines()
+def table_after(marker: str, text: str = README) -> list[list[str]]:
+    """The cells of the first Markdown table after ``marker`` in ``text`` (header and separator
+    dropped)."""
+    lines = text[text.index(marker):].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     rows = []
     for line in lines[start + 2:]:
@@ -127,7 +130,7 @@ HOST_COLUMNS = [[NEG], [TE_SP], [TE_NO], [CACHE_IN, CACHE_OUT], [HF], [QKV], [TE
 def host_rows() -> list[tuple[str, str, list[str]]]:
     """(host, file, cells) of every per-host row that names a recording in figures/."""
     rows = []
-    for cells in table_after("| host | file in `figures/` |"):
+    for cells in table_after("| host | file in `figures/` |", RECORDED):
         file = re.match(r"`(launch_latency[^`]*\.json)`", cells[1])
         if file:
             rows.append((cells[0], file.group(1), cells[2:]))
@@ -144,3 +147,27 @@ def test_per_host_latency_rows_are_their_recordings():
             assert len(values) in (0, len(keys)), (host, file, cell)  # a dash: no figure kept
             for value, key in zip(values, keys):
                 assert abs(value - record[key]) <= 0.05 + 1e-9, (host, file, key, value, record[key])
+
+
+def test_first_target_is_the_recorded_run():
+    """The targets table's first row: our primary calls (TE-style, cos/sin cache q+k, fused QKV)
+    at the points of at least 256 MB moved, their median and minimum fraction of copy, how many
+    fall below 0.95 and how large those are, and their fraction of a copy of the same bytes."""
+    df = pd.read_csv(FIGURES / "bench.csv")
+    df = df[df.sweep != "decode"]
+    primary = ["triton-2d (ours)", "ours: cos_sin_cache, q+k one launch",
+               "ours: fused QKV, one launch"]
+    big = df[df.impl.isin(primary) & (df.gbps * df.ms >= 256)]  # GB/s x ms = MB
+    frac = big.gbps / big.copy_gbps
+    below = big[frac < 0.95]
+    row = next(cells for cells in table_after("| target | recorded | met |")
+               if cells[0] == "0.95 of copy at every shape of at least 256 MB")
+    want = (f"at the {len(big)} points of at least 256 MB: median {frac.median():.3f}, minimum "
+            f"{frac.min():.3f}", f"{len(below)} points below 0.95, all of "
+            f"{(below.gbps * below.ms).max():.0f} MB or less",
+            f"every point at least {(big.gbps / big.copy_same_gbps).min():.3f} of a copy of the "
+            f"same bytes", f"only {(below.copy_same_gbps / below.copy_gbps).min():.3f}-"
+            f"{(below.copy_same_gbps / below.copy_gbps).max():.3f} of the 2 GiB copy at those "
+            f"{len(below)}")
+    for words in want:
+        assert words in row[1], (words, row[1])
