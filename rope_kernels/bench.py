@@ -175,13 +175,14 @@ def source_commit(root: Optional[pathlib.Path] = None) -> str:
 
 def source_digest(root: Optional[pathlib.Path] = None) -> str:
     """SHA-256 (first 16 hex digits) of the code that ran: every ``rope_kernels/*.py`` and
-    ``scripts/*`` file under ``root`` (this package's checkout), path and content, in path
-    order. Unlike the commit it needs no git history (a copied tree may carry a stale one):
-    the same call at a checkout of the commit in question says whether that commit ran."""
+    ``scripts/*`` file under ``root`` (this package's checkout) but Markdown (``scripts/README.md``
+    is prose), path and content, in path order. Unlike the commit it needs no git history (a
+    copied tree may carry a stale one): the same call at a checkout of the commit in question
+    says whether that commit ran."""
     root = CHECKOUT if root is None else root
     digest = hashlib.sha256()
     files = [*root.glob("rope_kernels/*.py"), *root.glob("scripts/*")]
-    for path in sorted(f for f in files if f.is_file()):
+    for path in sorted(f for f in files if f.is_file() and f.suffix != ".md"):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -136,6 +136,7 @@ def test_source_digest_follows_the_code_and_nothing_else(tmp_path):
     assert re.fullmatch(r"[0-9a-f]{16}", first)
     (tmp_path / "README.md").write_text("prose\n")
     (tmp_path / "rope_kernels" / "notes.txt").write_text("not code\n")
+    (tmp_path / "scripts" / "README.md").write_text("what each script measures\n")
     assert source_digest(tmp_path) == first
     (tmp_path / "rope_kernels" / "rope_2d.py").write_text("BLOCK_H = 8\n")
     changed = source_digest(tmp_path)
@@ -164,3 +165,13 @@ def test_every_recorded_json_names_its_run(path):
             assert prov.get(key), f"{path.name}: provenance lacks {key}"
     if "latency" not in path.name:
         assert float(prov.get("copy_gbps", 0)) > 0, f"{path.name}: provenance lacks copy_gbps"
+
+
+def test_scripts_readme_names_every_script():
+    """scripts/README.md describes every file in scripts/ (a new script gets its line there) and
+    names no script that is gone."""
+    text = (ROOT / "scripts" / "README.md").read_text()
+    named = set(re.findall(r"\]\(([\w.]+)\)", text))
+    present = {p.name for p in (ROOT / "scripts").iterdir()
+               if p.is_file() and p.suffix in (".py", ".sh")}
+    assert named == present, (sorted(present - named), sorted(named - present))
