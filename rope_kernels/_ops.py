@@ -174,26 +174,26 @@ def _(positions, query, key, head_size, cos_sin_cache, is_neox):
 # --- Hugging Face: apply_rotary_pos_emb(q, k, cos, sin) ----------------------------------------
 @torch.library.custom_op("rope_kernels::rope_cos_sin", mutates_args=())
 def rope_cos_sin(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, heads_axis: int,
-                 backward: bool) -> Tuple[Tensor, Tensor]:
-    return _qk.rope_cos_sin(q, k, cos, sin, heads_axis, backward=backward)
+                 backward: bool, pairs: str) -> Tuple[Tensor, Tensor]:
+    return _qk.rope_cos_sin(q, k, cos, sin, heads_axis, backward=backward, pairs=pairs)
 
 
 @rope_cos_sin.register_fake
-def _(q, k, cos, sin, heads_axis, backward):
+def _(q, k, cos, sin, heads_axis, backward, pairs):
     return _qk.hf_outputs(q, k, cos.shape[-1])
 
 
 def _cos_sin_setup(ctx, inputs, output):
-    q, k, cos, sin, heads_axis, bwd = inputs
+    q, k, cos, sin, heads_axis, bwd, pairs = inputs
     ctx.save_for_backward(cos, sin)
-    ctx.args = (heads_axis, bwd)
+    ctx.args = (heads_axis, bwd, pairs)
 
 
 def _cos_sin_backward(ctx, q_grad, k_grad):
     cos, sin = ctx.saved_tensors
-    heads_axis, bwd = ctx.args
-    gq, gk = rope_cos_sin(q_grad, k_grad, cos, sin, heads_axis, not bwd)
-    return gq, gk, None, None, None, None
+    heads_axis, bwd, pairs = ctx.args
+    gq, gk = rope_cos_sin(q_grad, k_grad, cos, sin, heads_axis, not bwd, pairs)
+    return gq, gk, None, None, None, None, None
 
 
 rope_cos_sin.register_autograd(_cos_sin_backward, setup_context=_cos_sin_setup)

@@ -371,16 +371,17 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
                          f"({head_size})")
 
 
-def validate_hf_args(q, k, cos, sin, unsqueeze_dim) -> None:
-    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature."""
+def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half") -> None:
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature;
+    ``pairs``: which of rope_kernels.hf's functions ("half", "interleaved", "glm")."""
     sig = None
     if all(isinstance(x, torch.Tensor) for x in (q, k, cos, sin)):
         sig = ("hf", _meta(q), _meta(k), _meta(cos), _meta(sin), unsqueeze_dim,
-               type(unsqueeze_dim))
-    _remembered(sig, lambda: _validate_hf_meta(q, k, cos, sin, unsqueeze_dim))
+               type(unsqueeze_dim), pairs)
+    _remembered(sig, lambda: _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs))
 
 
-def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim) -> None:
+def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs) -> None:
     for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         _tensor(name, x, "see rope_kernels.hf.apply_rotary_pos_emb")
         _kernel_dtype(name, x)
@@ -407,5 +408,10 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim) -> None:
     if rotary_dim == 0 or rotary_dim % 2 or rotary_dim > d:
         raise ValueError(f"cos.shape[-1] (rotary_dim) must be even, positive and <= head_dim "
                          f"({d}), got {rotary_dim}")
+    if pairs == "interleaved" and rotary_dim != d:
+        raise ValueError(f"cos.shape[-1] must equal head_dim ({d}) for interleaved pairs with "
+                         f"cos and sin per channel (transformers' Cohere function multiplies q "
+                         f"by cos whole), got {rotary_dim}; for GLM's partial rotary use "
+                         f"rope_kernels.hf.apply_rotary_pos_emb_glm")
     for name, x in (("k", k), ("cos", cos), ("sin", sin)):
         _same_device(name, x, q.device)

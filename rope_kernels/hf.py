@@ -1,14 +1,28 @@
 """Hugging Face transformers' convention: ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``.
 
-transformers' Llama-family models (and GPT-NeoX, whose cos may be narrower than head_dim for
-partial rotary) rotate q and k with cos and sin that the model's rotary module has already
-computed, attention scaling folded in, in the model's dtype. This function has the same
-signature and results, runs q and k in one launch, is differentiable and traceable by
-``torch.compile``, so a model can use it by assignment::
+transformers' models rotate q and k with cos and sin that the model's rotary module has already
+computed, attention scaling folded in, in the model's dtype, through a module-level function of
+this signature. Three pairings of channels share it, so there are three functions here, each with
+the signature and results of transformers' own, q and k in one launch, differentiable and
+traceable by ``torch.compile``, so that a model can use it by assignment::
 
     import transformers.models.llama.modeling_llama as llama
     import rope_kernels.hf
     llama.apply_rotary_pos_emb = rope_kernels.hf.apply_rotary_pos_emb
+
+- ``apply_rotary_pos_emb``: Llama's (and GPT-NeoX's, whose cos may be narrower than head_dim):
+  channel j paired with j + rotary_dim/2 (``rotate_half`` of the two halves). Most models: Llama,
+  Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and the many that copy Llama's function.
+- ``apply_rotary_pos_emb_interleaved``: Cohere's (Cohere, Cohere2, BLT): channels 2j and 2j+1
+  paired, cos and sin of each channel as given (their rotary module repeat_interleaves them).
+- ``apply_rotary_pos_emb_glm``: GLM's (GLM, GLM-4, Helium, Ernie 4.5, Moonshine): channels 2j
+  and 2j+1 paired over the first ``cos.shape[-1]`` channels, pair j's cos and sin read at channel
+  j of cos and sin in Llama's layout (their function takes the first half and repeat_interleaves
+  it), the rest of the head copied.
+
+Assigning one over a model's function of another pairing gives wrong results without an error
+(the signatures are the same): check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved)
+and whether its function repeat_interleaves cos.
 """
 
 from __future__ import annotations
@@ -20,7 +34,7 @@ from . import api as _api
 from . import rope_qk as _qk
 from ._validate import validate_hf_args
 
-__all__ = ["apply_rotary_pos_emb"]
+__all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved"]
 
 _Tensor = torch.Tensor
 
@@ -46,6 +60,40 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         (transformers computes in the model's dtype, so 16-bit results may differ from it by an
         ulp). Differentiable with respect to q and k.
     """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half")
+
+
+def apply_rotary_pos_emb_interleaved(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                     sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' Cohere function:
+    channels 2j and 2j+1 rotated together, each channel by its own cos and sin entry (the
+    model's rotary module repeat_interleaves them, so both channels of a pair read the same
+    angle).
+
+    Args and returns as ``apply_rotary_pos_emb``, but ``cos`` and ``sin`` cover the whole head
+    (``rotary_dim == head_dim``: transformers multiplies q by cos whole). Computed in float32
+    and returned in q's dtype, as Cohere's function does.
+    """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
+
+
+def apply_rotary_pos_emb_glm(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                             sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' GLM function: cos and
+    sin in Llama's layout ``[b, s, rotary_dim]`` (``cat(freqs, freqs)``), of which pair j takes
+    entry j; channels 2j and 2j+1 rotated together over the first ``rotary_dim`` channels, the
+    rest copied (GLM's partial rotary; Helium's and Ernie 4.5's function is the same with the
+    whole head rotated).
+
+    Args and returns as ``apply_rotary_pos_emb``: results laid out like q where cos covers the
+    whole head, contiguous where it covers part of it (GLM's function ends in ``torch.cat``, so
+    its results are contiguous even with the whole head rotated; the values are the same).
+    """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "glm")
+
+
+def _apply(q, k, cos, sin, unsqueeze_dim, pairs):
+    """The three functions' body: ``pairs`` is rope_qk.HF_PAIRS' key."""
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.
     shortcuts = _api._SHORTCUTS
@@ -55,7 +103,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
             and shortcuts.enabled and not _api._is_compiling()
             and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
                                                or cos.requires_grad or sin.requires_grad))):
-        flags = ("hf", unsqueeze_dim)
+        flags = ("hf", unsqueeze_dim, pairs)
         for known, check, entry in shortcuts.recent:  # (see rope_kernels.api._Shortcuts)
             if known == flags and check(q, k, cos, sin):
                 q_embed, k_embed = entry((q, k, cos, sin))
@@ -70,13 +118,14 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
             return q_embed, k_embed
         if entry is False:  # its full path is not one launch
             sig = None
-    validate_hf_args(q, k, cos, sin, unsqueeze_dim)
+    validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
                          "pass cos.detach() and sin.detach() (transformers' rotary module "
                          "computes them from a buffer, without gradient)")
     if torch.compiler.is_compiling() or (torch.is_grad_enabled()
                                          and (q.requires_grad or k.requires_grad)):
-        return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False)
-    return shortcuts.full_path(sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim),
-                               (q, k, cos, sin), lambda out: out)
+        return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False, pairs)
+    return shortcuts.full_path(
+        sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, pairs=pairs),
+        (q, k, cos, sin), lambda out: out)

@@ -19,7 +19,10 @@ Where each token's angles come from (``ANGLES``):
     1 "cache"    FlashInfer/vLLM: cos_sin_cache [max_pos, rotary_dim] float32, cos in the first
                  half of a row and sin in the second, row = positions[token].
     2 "cos_sin"  Hugging Face: cos and sin [b, s, rotary_dim] already computed by the model
-                 (attention scaling folded in), read at (b, s).
+                 (attention scaling folded in), read at (b, s), one entry per channel.
+    3 "cos_sin_half"  the same tensors, one entry per pair: pair j's at channel j (the first half
+                 of Llama's layout), whatever the pairing. GLM's function rotates interleaved
+                 pairs with such cos and sin (it takes their first half, repeat_interleaved).
 
 Usage::
 
@@ -42,7 +45,7 @@ import triton.language as tl
 # Triton reads TRITON_INTERPRET when @triton.jit runs, i.e. when this module is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2}
+ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2, "cos_sin_half": 3}
 
 
 @triton.jit
@@ -120,6 +123,11 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             sin1 = sin1.to(tl.float32)
             cos2 = cos1
             sin2 = sin1
+        elif ANGLES == 3:  # cos and sin per pair, pair j's at channel j (GLM), any float dtype
+            cos1 = _table_row(table_ptr + row + j[None, :] * t_stride_d, sj_mask).to(tl.float32)
+            sin1 = _table_row(sin_ptr + row + j[None, :] * t_stride_d, sj_mask).to(tl.float32)
+            cos2 = cos1
+            sin2 = sin1
         elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
             cos1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
             cos2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
@@ -170,6 +178,7 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     cos [BLOCK_S, ROW] and signed sin of every channel (-sin in the first half of the rotary
     channels, +sin in the second, cos 1 and sin 0 past them). The backward is the transpose:
     the partner's term takes the partner's sine, with the other sign."""
+    tl.static_assert(ANGLES <= 2, "whole rows: half-split pairs, tables per channel or the cache")
     c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
     half = rotary_dim // 2
     first = c < half
@@ -469,7 +478,7 @@ def rope_qk_kernel(
         pid_b = pid_b.to(tl.int64)
 
     # Each token's row in the angle table (or in cos and sin).
-    if ANGLES == 2:
+    if ANGLES >= 2:
         t_row = pid_b * t_stride_b + s_idx * t_stride_s
     else:
         if HAS_POSITIONS:
@@ -1075,13 +1084,25 @@ def hf_outputs(q: torch.Tensor, k: torch.Tensor, rotary_dim: int):
     return new_like(q), new_like(k)
 
 
+# Hugging Face's pairings (``pairs`` of rope_cos_sin): -> (ANGLES, interleaved)
+HF_PAIRS = {
+    "half": (ANGLES["cos_sin"], False),  # Llama, GPT-NeoX: channel j with j + rotary_dim/2
+    "interleaved": (ANGLES["cos_sin"], True),  # Cohere: 2j with 2j+1, cos/sin per channel
+    "glm": (ANGLES["cos_sin_half"], True),  # GLM: 2j with 2j+1, pair j's cos/sin at channel j
+}
+
+
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 heads_axis: int = 1, backward: bool = False):
+                 heads_axis: int = 1, backward: bool = False, pairs: str = "half"):
     """Hugging Face convention: ``q`` [b, h, s, d] (``heads_axis=1``) or [b, s, h, d]
     (``heads_axis=2``), any strides, ``k`` alike with its own head count; ``cos``, ``sin``
-    [b, s, rotary_dim], [1, s, rotary_dim] or [s, rotary_dim], half-split pairs, channels past
-    rotary_dim copied. Returns new q and k, laid out as transformers' functions lay out theirs
-    (``hf_outputs``)."""
+    [b, s, rotary_dim], [1, s, rotary_dim] or [s, rotary_dim], channels past rotary_dim copied.
+    ``pairs`` (``HF_PAIRS``): "half" rotates channel j with j + rotary_dim/2 by cos/sin of each
+    channel (Llama's function); "interleaved" 2j with 2j+1, cos/sin of each channel (Cohere's,
+    whose rotary module repeat_interleaves them); "glm" 2j with 2j+1 by pair j's cos/sin, read at
+    channel j (GLM's function, given Llama's layout of cos and sin). Returns new q and k, laid
+    out as transformers' functions lay out theirs (``hf_outputs``)."""
+    angles, interleaved = HF_PAIRS[pairs]
     _check_device(q)
     q_out, k_out = hf_outputs(q, k, cos.shape[-1])
     if q.numel() == 0 and k.numel() == 0:
@@ -1089,7 +1110,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
-           cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward))
+           cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs)
 
     def make_plan():
         q_sizes, q_in = _sbhd_of_hf(q, heads_axis)
@@ -1100,8 +1121,9 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      else (st[0] if cos.shape[0] > 1 else 0, st[1], st[2]))
         return _plan((q_sizes, q_in, _sbhd_of_hf(q_out, heads_axis)[1]),
                      (k_sizes, k_in, _sbhd_of_hf(k_out, heads_axis)[1]), None, device=q.device,
-                     dtype=q.dtype, angles=ANGLES["cos_sin"], rotary_dim=cos.shape[-1],
-                     has_positions=False, has_start=False, interleaved=False, backward=backward,
+                     dtype=q.dtype, angles=angles, rotary_dim=cos.shape[-1],
+                     has_positions=False, has_start=False, interleaved=interleaved,
+                     backward=backward,
                      cp_size=1, cp_rank=0, t_strides=t_strides, p_strides=(0, 0),
                      same_table=True)
 

@@ -61,6 +61,14 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
         "hf": (
             lambda q, k: rope_kernels.hf.apply_rotary_pos_emb(q, k, hf_cos.cos(), hf_cos.sin()),
             [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
+        "hf interleaved (Cohere)": (
+            lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_interleaved(
+                q, k, hf_cos.cos(), hf_cos.sin()),
+            [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
+        "hf glm, partial rotary": (
+            lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_glm(
+                q, k, hf_cos[..., : D // 2].cos(), hf_cos[..., : D // 2].sin()),
+            [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
     }
 
 

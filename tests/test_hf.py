@@ -1,7 +1,8 @@
-"""rope_kernels.hf.apply_rotary_pos_emb against Hugging Face transformers' own code: its Llama
-and GPT-NeoX (partial rotary) functions on the cos/sin its rotary modules produce, and tiny
-randomly initialised Llama and GPT-NeoX models (no downloads) whose logits and gradients must not
-change when our function is assigned over theirs."""
+"""rope_kernels.hf's functions against Hugging Face transformers' own code: its Llama and
+GPT-NeoX (partial rotary) functions, and those of the interleaved pairings (Cohere's, GLM's,
+Helium's), on the cos/sin their rotary modules produce, and tiny randomly initialised Llama,
+GPT-NeoX, Cohere and GLM models (no downloads) whose logits and gradients must not change when
+our function is assigned over theirs."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ import rope_kernels.hf
 from rope_kernels import rope_qk
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+from transformers.models.cohere import modeling_cohere  # noqa: E402
+from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
+from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+
+_SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 def _llama_config(**kw):
@@ -35,6 +43,29 @@ def _cos_sin(module, b, s, dtype, seed):
     position_ids = (torch.arange(s)[None] + torch.randint(0, 60, (b, 1), generator=g)).to(DEVICE)
     x = torch.zeros(b, s, 1, dtype=dtype, device=DEVICE)
     return module.to(DEVICE)(x, position_ids)
+
+
+def _cohere_config():
+    return transformers.CohereConfig(**_SMALL)
+
+
+def _glm_config(head_dim=16):  # partial_rotary_factor 0.5 by default: cos covers half the head
+    return transformers.GlmConfig(head_dim=head_dim, **_SMALL)
+
+
+def _helium_config(head_dim=16):
+    return transformers.HeliumConfig(head_dim=head_dim, **_SMALL)
+
+
+# family -> (transformers' module, its rotary module, our function)
+INTERLEAVED = {
+    "cohere": (modeling_cohere, lambda: modeling_cohere.CohereRotaryEmbedding(_cohere_config()),
+               rope_kernels.hf.apply_rotary_pos_emb_interleaved),
+    "glm": (modeling_glm, lambda: modeling_glm.GlmRotaryEmbedding(_glm_config()),
+            rope_kernels.hf.apply_rotary_pos_emb_glm),
+    "helium": (modeling_helium, lambda: modeling_helium.HeliumRotaryEmbedding(_helium_config()),
+               rope_kernels.hf.apply_rotary_pos_emb_glm),
+}
 
 
 def _layout(x):
@@ -94,6 +125,47 @@ def test_matches_transformers_function(dtype, model, unsqueeze_dim, seed):
         # Against transformers' own arithmetic, which rounds each product in 16-bit dtypes.
         tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
         torch.testing.assert_close(o, r, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", list(INTERLEAVED))
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_interleaved_families_match_transformers(dtype, family, unsqueeze_dim, seed):
+    """The interleaved pairings, on cos/sin from each family's own rotary module: Cohere's
+    (repeat_interleaved, per channel), GLM's (Llama's layout, half the head rotated) and Helium's
+    (GLM's function, the whole head). Values against transformers' function run in float64 and in
+    the dtype; the layout as transformers lays its results out (GLM's always ends in torch.cat);
+    one launch; gradients against autograd through transformers' function in float64."""
+    module, rotary, ours_fn = INTERLEAVED[family]
+    b, s, hq, hk, d = 2, 5, 4, 2, 16
+    cos, sin = _cos_sin(rotary(), b, s, dtype, seed)
+    assert cos.shape[-1] == (d // 2 if family == "glm" else d)
+    q = randn((b, s, hq, d), dtype, seed)
+    k = randn((b, s, hk, d), dtype, seed + 1)
+    if unsqueeze_dim == 1:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    ours = ours_fn(q, k, cos, sin, unsqueeze_dim)
+    assert all(o.requires_grad for o in ours)
+    ref = module.apply_rotary_pos_emb(q.detach(), k.detach(), cos, sin, unsqueeze_dim)
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    exact = module.apply_rotary_pos_emb(q64, k64, cos.double(), sin.double(), unsqueeze_dim)
+    for name, o, r, e in zip("qk", ours, ref, exact):
+        assert o.shape == r.shape and o.dtype == dtype
+        if family != "glm":
+            assert _layout(o) == _layout(r), name
+        assert_rope_close(o.detach(), e.detach(), dtype, name)
+        tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+        torch.testing.assert_close(o.detach(), r.to(dtype), rtol=tol, atol=tol)
+    # A half-split (Llama) function would rotate other channel pairs: these tables tell them apart.
+    wrong = rope_kernels.hf.apply_rotary_pos_emb(q.detach(), k.detach(), cos, sin, unsqueeze_dim)
+    assert (wrong[0].double() - exact[0].detach()).abs().max() > 0.1
+    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
+    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
+    sum((e * w.to(dtype).double()).sum() for e, w in zip(exact, weights)).backward()
+    for name, x, x64 in (("q", q, q64), ("k", k, k64)):
+        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
 
 
 def test_one_launch_and_gradient(seed, monkeypatch):
@@ -165,10 +237,14 @@ def _logits_and_grads(model, ids):
 
 def _tiny_model(arch, seed):
     """(config, a tiny random fp32 model with eager attention, its transformers module, token
-    ids): Llama or GPT-NeoX."""
+    ids): Llama, GPT-NeoX, Cohere or GLM."""
     torch.manual_seed(seed)
     if arch == "llama":
         config, cls, module = _llama_config(), transformers.LlamaForCausalLM, modeling_llama
+    elif arch == "cohere":
+        config, cls, module = _cohere_config(), transformers.CohereForCausalLM, modeling_cohere
+    elif arch == "glm":
+        config, cls, module = _glm_config(), transformers.GlmForCausalLM, modeling_glm
     else:
         config, cls, module = _neox_config(), transformers.GPTNeoXForCausalLM, modeling_gpt_neox
     config._attn_implementation = "eager"
@@ -176,16 +252,23 @@ def _tiny_model(arch, seed):
     return config, cls(config).to(DEVICE), module, ids.to(DEVICE)
 
 
-def _swapped_calls_match(model, module, ids, monkeypatch) -> int:
+# arch -> our function for its module's apply_rotary_pos_emb
+OURS = {"llama": rope_kernels.hf.apply_rotary_pos_emb,
+        "gpt_neox": rope_kernels.hf.apply_rotary_pos_emb,
+        "cohere": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
+        "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}
+
+
+def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"]) -> int:
     """Logits and every parameter's gradient of ``model`` with transformers' function, then with
-    ours assigned over it (the way a user swaps it in): they must match. Returns how many times
-    ours was called."""
+    ``ours_fn`` assigned over it (the way a user swaps it in): they must match. Returns how many
+    times ours was called."""
     logits, grads = _logits_and_grads(model, ids)
     calls = []
 
     def ours(*args, **kw):
         calls.append(1)
-        return rope_kernels.hf.apply_rotary_pos_emb(*args, **kw)
+        return ours_fn(*args, **kw)
 
     monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
     logits2, grads2 = _logits_and_grads(model, ids)
@@ -196,12 +279,13 @@ def _swapped_calls_match(model, module, ids, monkeypatch) -> int:
     return len(calls)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+@pytest.mark.parametrize("arch", list(OURS))
 def test_tiny_model_unchanged(arch, seed, monkeypatch):
     """A tiny random model (fp32, eager attention): logits and every parameter's gradient match
-    with our function assigned over transformers' (the way a user swaps it in)."""
+    with our function of its pairing assigned over transformers' (the way a user swaps it in)."""
     config, model, module, ids = _tiny_model(arch, seed)
-    assert _swapped_calls_match(model, module, ids, monkeypatch) == config.num_hidden_layers
+    calls = _swapped_calls_match(model, module, ids, monkeypatch, OURS[arch])
+    assert calls == config.num_hidden_layers
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
@@ -231,6 +315,11 @@ BAD = [
     ("k of another head_dim", dict(k="narrow"), ValueError, ["k must match q"]),
     ("float64 q", dict(q="f64"), TypeError, ["q must have dtype", "torch.float64"]),
     ("sin of another shape", dict(sin="short"), ValueError, ["cos and sin must have one shape"]),
+    ("interleaved, cos narrower than head_dim", dict(cos="half", sin="half", fn="interleaved"),
+     ValueError, ["cos.shape[-1] must equal head_dim (16) for interleaved pairs", "got 8",
+                  "apply_rotary_pos_emb_glm"]),
+    ("glm, cos wider than head_dim", dict(cos="wide", sin="wide", fn="glm"), ValueError,
+     ["rotary_dim) must be even, positive and <= head_dim (16)", "32"]),
 ]
 
 
@@ -239,17 +328,23 @@ def test_bad_input(case, changes, exc, words):
     q, k = randn((2, 4, 5, 16), torch.float32, 1), randn((2, 2, 5, 16), torch.float32, 2)
     cos = sin = randn((2, 5, 16), torch.float32, 3)
     made = {"wide": randn((2, 5, 32), torch.float32, 4), "short": randn((2, 4, 16), torch.float32, 5),
-            "narrow": randn((2, 2, 5, 8), torch.float32, 6), "f64": q.double()}
+            "narrow": randn((2, 2, 5, 8), torch.float32, 6), "f64": q.double(),
+            "half": randn((2, 5, 8), torch.float32, 7)}
+    changes = dict(changes)
+    fn = {"half": rope_kernels.hf.apply_rotary_pos_emb,
+          "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
+          "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}[changes.pop("fn", "half")]
     args = dict(q=q, k=k, cos=cos, sin=sin)
     args.update({n: made.get(v, v) if isinstance(v, str) else v for n, v in changes.items()})
     with pytest.raises(exc) as info:
-        rope_kernels.hf.apply_rotary_pos_emb(**args)
+        fn(**args)
     for word in words:
         assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
 
 
+@pytest.mark.parametrize("pairs", list(rope_qk.HF_PAIRS))
 @pytest.mark.parametrize("rotary_dim", [16, 8])
-def test_operator_fake_matches_real(rotary_dim, seed):
+def test_operator_fake_matches_real(rotary_dim, pairs, seed):
     """torch.compile traces the operator through its fake implementation: shapes, dtypes and
     strides of the fake results must be the real ones (torch.library.opcheck compares them)."""
     from rope_kernels import _ops
@@ -259,7 +354,7 @@ def test_operator_fake_matches_real(rotary_dim, seed):
     k = randn((b, s, hk, d), torch.float32, seed + 1).transpose(1, 2)
     cos = randn((b, s, rotary_dim), torch.float32, seed + 2)
     sin = randn((b, s, rotary_dim), torch.float32, seed + 3)
-    result = torch.library.opcheck(_ops.rope_cos_sin, (q, k, cos, sin, 1, False),
+    result = torch.library.opcheck(_ops.rope_cos_sin, (q, k, cos, sin, 1, False, pairs),
                                    test_utils=("test_faketensor", "test_schema"))
     assert set(result.values()) == {"SUCCESS"}, result
 

@@ -314,6 +314,34 @@ def test_hf_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
     assert q_embed.grad_fn is not None
 
 
+def test_hf_pairings_do_not_share_a_shortcut(shortcuts, seed, monkeypatch):
+    """rope_kernels.hf's three functions take the same tensors: calls of one signature through
+    each, repeated (the shortcut from the second call on), must each rotate their own pairs, not
+    the remembered launch of another's. Each against transformers' pairing in float64."""
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    q, k, cos, sin = _hf_inputs(seed, rotary_dim=24)  # whole head: every pairing accepts it
+
+    def reference(x, pairs):  # transformers' three formulas, float64
+        x, c, s_ = x.double(), cos.double()[:, None], sin.double()[:, None]
+        if pairs == "half":
+            return hf_reference(x, cos, sin)
+        if pairs == "glm":  # pair j's angle at channel j, repeat_interleaved
+            c = c[..., : c.shape[-1] // 2].repeat_interleave(2, -1)
+            s_ = s_[..., : s_.shape[-1] // 2].repeat_interleave(2, -1)
+        rot = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+        return x * c + rot * s_
+
+    fns = {"half": rope_kernels.hf.apply_rotary_pos_emb,
+           "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
+           "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}
+    for call in range(3):
+        for pairs, fn in fns.items():
+            q_embed, k_embed = fn(q, k, cos, sin)
+            assert_rope_close(q_embed, reference(q, pairs), torch.bfloat16, f"{pairs} q {call}")
+            assert_rope_close(k_embed, reference(k, pairs), torch.bfloat16, f"{pairs} k {call}")
+    assert len(_entries(shortcuts)) == 3
+
+
 def test_hf_calls_differing_only_in_sin_dtype_get_their_own_plan(shortcuts, seed, monkeypatch):
     """cos and sin may have different dtypes (each is read as it is). A call that differs from
     earlier ones only in sin's dtype must get its own plan: on a GPU the package's thin launch
