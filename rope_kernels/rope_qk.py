@@ -744,6 +744,16 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         max_tokens = 8
     block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
+    # Hugging Face's interleaved pairings (Cohere's and GLM's functions) in 16-bit: this tile on 2
+    # warps. One probe on an H200 (bf16, 32q/8k heads of 128, 16 x 4096 tokens, one do_bench
+    # median each, not recorded; docs/performance_notes.md): 1 token x 8 heads on 4 warps 0.747
+    # (GLM's) and 0.646 (Cohere's) of copy, on 2 warps 0.798 and 0.727, the best of 24 tiles of
+    # 1-8 tokens x 4-8 heads on 2-8 warps; the half-split call reaches 0.976 there (its pairs
+    # are two contiguous halves; these tiles split [..., HALF, 2]).
+    if (on_gpu and interleaved and element_size == 2
+            and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"])):
+        return dict(block_s=block_s, block_h=block_h, num_warps=2, all_heads=False,
+                    whole_rows=False)
     # TransformerEngine's fused QKV (the one caller of TE's angle tables here), 16-bit half-split
     # rows of 256 B or more: whole rows on these tiles. Against the pairs
     # (figures/qk_transposed_tiles_h200.json: H200, 7 shuffled rounds, forward / backward): 8

@@ -153,6 +153,21 @@ def test_default_config_of_hugging_face_tables(monkeypatch):
     assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, hf_tables, 128)["num_warps"] == 2
 
 
+def test_default_config_of_interleaved_hugging_face_tables():
+    """Cohere's and GLM's pairings (interleaved pairs, Hugging Face's tables) in 16-bit: the 2 KB
+    interleaved tile on 2 warps; float32, the interpreter and TE's tables keep 4."""
+    for angles in (rope_qk.ANGLES["cos_sin"], rope_qk.ANGLES["cos_sin_half"]):
+        got = rope_qk.default_config(4096, 32, 8, 128, 2, True, True, angles, 128)
+        assert got == dict(block_s=1, block_h=8, num_warps=2, all_heads=False,
+                           whole_rows=False), got
+        assert rope_qk.default_config(4096, 32, 8, 64, 2, True, True, angles, 64)["block_s"] == 2
+        for esize, on_gpu in ((4, True), (2, False)):
+            got = rope_qk.default_config(4096, 32, 8, 128, esize, on_gpu, True, angles, 128)
+            assert got["num_warps"] == 4, (esize, on_gpu, got)
+    got = rope_qk.default_config(4096, 32, 8, 128, 2, True, True, rope_qk.ANGLES["freqs"], 128)
+    assert got["num_warps"] == 4
+
+
 def test_default_config_of_the_cache_in_place(monkeypatch):
     """The cache written in place at head_dim 128 (vLLM's call): one token's 8 heads a program,
     2 warps; out of place, interleaved or on the interpreter the other rules decide."""
