@@ -750,10 +750,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     # (GLM's) and 0.646 (Cohere's) of copy, on 2 warps 0.798 and 0.727, the best of 24 tiles of
     # 1-8 tokens x 4-8 heads on 2-8 warps; the half-split call reaches 0.976 there (its pairs
     # are two contiguous halves; these tiles split [..., HALF, 2]).
-    if (on_gpu and interleaved and element_size == 2
-            and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"])):
-        return dict(block_s=block_s, block_h=block_h, num_warps=2, all_heads=False,
-                    whole_rows=False)
+    num_warps = (2 if on_gpu and interleaved and element_size == 2
+                 and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"]) else 4)
     # TransformerEngine's fused QKV (the one caller of TE's angle tables here), 16-bit half-split
     # rows of 256 B or more: whole rows on these tiles. Against the pairs
     # (figures/qk_transposed_tiles_h200.json: H200, 7 shuffled rounds, forward / backward): 8
@@ -762,7 +760,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     # lost with whole rows on their tiles: docs/performance_notes.md.)
     whole_rows = (on_gpu and angles == ANGLES["freqs"] and not interleaved and element_size == 2
                   and row >= 256)
-    return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
+    return dict(block_s=block_s, block_h=block_h, num_warps=num_warps, all_heads=False,
                 whole_rows=whole_rows)
 
 

@@ -92,14 +92,29 @@ def assert_rope_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, 
             f"expected {ref64[idx].item()!r}")
 
 
-def hf_reference(x, cos, sin, unsqueeze_dim=1):
+def hf_reference(x, cos, sin, unsqueeze_dim=1, pairs="half"):
     """transformers' apply_rotary_pos_emb formula in float64 (what the model means, without its
-    rounding), GPT-NeoX's partial rotary included: cos, sin [b, s, rotary_dim]."""
+    rounding), partial rotary included: cos, sin [b, s, rotary_dim]. ``pairs`` (the keys of
+    ``HF_FUNCTIONS``): Llama's half-split pairs; Cohere's interleaved pairs, cos/sin per channel;
+    GLM's interleaved pairs, pair j's cos/sin at channel j (the first half, repeat_interleaved)."""
     cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
+    if pairs == "glm":
+        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, -1)
+        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, -1)
     r = cos.shape[-1]
     rot, rest = x.double()[..., :r], x.double()[..., r:]
-    x1, x2 = rot.chunk(2, dim=-1)
-    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+    if pairs == "half":
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    else:
+        rotated = torch.stack((-rot[..., 1::2], rot[..., 0::2]), -1).flatten(-2)
+    return torch.cat((rot * cos + rotated * sin, rest), dim=-1)
+
+
+# rope_kernels.hf's function of each pairing (rope_qk.HF_PAIRS' keys)
+HF_FUNCTIONS = {"half": rope_kernels.hf.apply_rotary_pos_emb,
+                "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
+                "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}
 
 
 def strided_with_poison(values):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, assert_rope_close, hf_reference, randn
+from conftest import DEVICE, HF_FUNCTIONS, assert_rope_close, hf_reference, randn
 import rope_kernels.hf
 from rope_kernels import rope_qk
 
@@ -60,11 +60,11 @@ def _helium_config(head_dim=16):
 # family -> (transformers' module, its rotary module, our function)
 INTERLEAVED = {
     "cohere": (modeling_cohere, lambda: modeling_cohere.CohereRotaryEmbedding(_cohere_config()),
-               rope_kernels.hf.apply_rotary_pos_emb_interleaved),
+               HF_FUNCTIONS["interleaved"]),
     "glm": (modeling_glm, lambda: modeling_glm.GlmRotaryEmbedding(_glm_config()),
-            rope_kernels.hf.apply_rotary_pos_emb_glm),
+            HF_FUNCTIONS["glm"]),
     "helium": (modeling_helium, lambda: modeling_helium.HeliumRotaryEmbedding(_helium_config()),
-               rope_kernels.hf.apply_rotary_pos_emb_glm),
+               HF_FUNCTIONS["glm"]),
 }
 
 
@@ -253,10 +253,8 @@ def _tiny_model(arch, seed):
 
 
 # arch -> our function for its module's apply_rotary_pos_emb
-OURS = {"llama": rope_kernels.hf.apply_rotary_pos_emb,
-        "gpt_neox": rope_kernels.hf.apply_rotary_pos_emb,
-        "cohere": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
-        "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}
+OURS = {"llama": HF_FUNCTIONS["half"], "gpt_neox": HF_FUNCTIONS["half"],
+        "cohere": HF_FUNCTIONS["interleaved"], "glm": HF_FUNCTIONS["glm"]}
 
 
 def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"]) -> int:
@@ -331,9 +329,7 @@ def test_bad_input(case, changes, exc, words):
             "narrow": randn((2, 2, 5, 8), torch.float32, 6), "f64": q.double(),
             "half": randn((2, 5, 8), torch.float32, 7)}
     changes = dict(changes)
-    fn = {"half": rope_kernels.hf.apply_rotary_pos_emb,
-          "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
-          "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}[changes.pop("fn", "half")]
+    fn = HF_FUNCTIONS[changes.pop("fn", "half")]
     args = dict(q=q, k=k, cos=cos, sin=sin)
     args.update({n: made.get(v, v) if isinstance(v, str) else v for n, v in changes.items()})
     with pytest.raises(exc) as info:

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE, ON_GPU, assert_rope_close, hf_reference, randn
+from conftest import DEVICE, HF_FUNCTIONS, ON_GPU, assert_rope_close, hf_reference, randn
 import rope_kernels.hf
 from rope_kernels import (RotaryPositionEmbedding, _launch, api, apply_fused_qkv_rotary_pos_emb,
                           apply_rope_with_cos_sin_cache,
@@ -320,25 +320,13 @@ def test_hf_pairings_do_not_share_a_shortcut(shortcuts, seed, monkeypatch):
     the remembered launch of another's. Each against transformers' pairing in float64."""
     monkeypatch.setattr(rope_qk, "_PLANS", {})
     q, k, cos, sin = _hf_inputs(seed, rotary_dim=24)  # whole head: every pairing accepts it
-
-    def reference(x, pairs):  # transformers' three formulas, float64
-        x, c, s_ = x.double(), cos.double()[:, None], sin.double()[:, None]
-        if pairs == "half":
-            return hf_reference(x, cos, sin)
-        if pairs == "glm":  # pair j's angle at channel j, repeat_interleaved
-            c = c[..., : c.shape[-1] // 2].repeat_interleave(2, -1)
-            s_ = s_[..., : s_.shape[-1] // 2].repeat_interleave(2, -1)
-        rot = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
-        return x * c + rot * s_
-
-    fns = {"half": rope_kernels.hf.apply_rotary_pos_emb,
-           "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
-           "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}
     for call in range(3):
-        for pairs, fn in fns.items():
+        for pairs, fn in HF_FUNCTIONS.items():
             q_embed, k_embed = fn(q, k, cos, sin)
-            assert_rope_close(q_embed, reference(q, pairs), torch.bfloat16, f"{pairs} q {call}")
-            assert_rope_close(k_embed, reference(k, pairs), torch.bfloat16, f"{pairs} k {call}")
+            assert_rope_close(q_embed, hf_reference(q, cos, sin, pairs=pairs), torch.bfloat16,
+                              f"{pairs} q {call}")
+            assert_rope_close(k_embed, hf_reference(k, cos, sin, pairs=pairs), torch.bfloat16,
+                              f"{pairs} k {call}")
     assert len(_entries(shortcuts)) == 3
 
 
