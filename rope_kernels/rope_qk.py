@@ -24,6 +24,11 @@ Where each token's angles come from (``ANGLES``):
                  of Llama's layout), whatever the pairing. GLM's function rotates interleaved
                  pairs with such cos and sin (it takes their first half, repeat_interleaved).
 
+Pairs are half-split (j, j + rotary_dim/2) or interleaved (2j, 2j+1). Interleaved pairs are read
+and written as one 32-bit word each (64-bit in float32) where every row of q and k starts at an
+even element with its channels contiguous (the layouts models produce), else split from a
+``[..., HALF, 2]`` tile, which is slower (``INTERLEAVED`` 2 and 1).
+
 Usage::
 
     q_out, k_out, v_out = rope_qkv(qkv, q_freqs, k_freqs, [q_split, k_split, v_split])
@@ -115,17 +120,16 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         sj_mask = s_mask[:, None] & j_mask[None, :]
         row = t_row[:, None]
-        if ANGLES == 1:  # cos_sin_cache rows: [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]
-            cos1 = _table_row(table_ptr + row + j[None, :] * t_stride_d, sj_mask)
-            sin1 = _table_row(table_ptr + row + (j + rotary_dim // 2)[None, :] * t_stride_d,
-                              sj_mask)
-            cos1 = cos1.to(tl.float32)
-            sin1 = sin1.to(tl.float32)
-            cos2 = cos1
-            sin2 = sin1
-        elif ANGLES == 3:  # cos and sin per pair, pair j's at channel j (GLM), any float dtype
+        if ANGLES == 1 or ANGLES == 3:
+            # One cos and one sin per pair, pair j's cos at entry j of the row. The cache's rows
+            # are [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]; GLM's sines (ANGLES 3, any
+            # float dtype) are a table of their own, pair j's at channel j.
+            if ANGLES == 1:
+                sin_row = table_ptr + (rotary_dim // 2) * t_stride_d
+            else:
+                sin_row = sin_ptr
             cos1 = _table_row(table_ptr + row + j[None, :] * t_stride_d, sj_mask).to(tl.float32)
-            sin1 = _table_row(sin_ptr + row + j[None, :] * t_stride_d, sj_mask).to(tl.float32)
+            sin1 = _table_row(sin_row + row + j[None, :] * t_stride_d, sj_mask).to(tl.float32)
             cos2 = cos1
             sin2 = sin1
         elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
@@ -272,6 +276,49 @@ def _per_row(v, BLOCK_H: tl.constexpr):
 
 
 @triton.jit
+def _as_words(ptr):
+    """``ptr`` seen as one word per pair of elements: uint32 for 16-bit dtypes, uint64 for 32-bit.
+    (This and the two functions below are rope_2d's, which this file does not import.)"""
+    if ptr.dtype.element_ty.primitive_bitwidth == 16:
+        return ptr.to(tl.pointer_type(tl.uint32))
+    else:
+        return ptr.to(tl.pointer_type(tl.uint64))
+
+
+@triton.jit
+def _load_pairs(ptr, offsets, mask):
+    """Interleaved pairs (x[2j], x[2j+1]) as float32, from one word load per pair (``offsets``
+    count words). Little-endian: x[2j] is the low half of the word."""
+    elem = ptr.dtype.element_ty
+    w = tl.load(_as_words(ptr) + offsets, mask=mask)
+    if elem == tl.bfloat16:
+        # A bfloat16 is the top half of the float32 with the same value: shifts, no conversion.
+        x1 = (w << 16).to(tl.float32, bitcast=True)
+        x2 = ((w >> 16) << 16).to(tl.float32, bitcast=True)
+    elif elem == tl.float16:
+        x1 = (w & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        x2 = (w >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        x1 = (w & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        x2 = (w >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    return x1, x2
+
+
+@triton.jit
+def _store_pairs(ptr, offsets, y1, y2, mask):
+    """Store float32 ``y1``, ``y2`` as the interleaved pairs (out[2j], out[2j+1]), one word each."""
+    elem = ptr.dtype.element_ty
+    if elem.primitive_bitwidth == 16:
+        lo = y1.to(elem).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi = y2.to(elem).to(tl.uint16, bitcast=True).to(tl.uint32)
+        tl.store(_as_words(ptr) + offsets, lo | (hi << 16), mask=mask)
+    else:
+        lo = y1.to(tl.uint32, bitcast=True).to(tl.uint64)
+        hi = y2.to(tl.uint32, bitcast=True).to(tl.uint64)
+        tl.store(_as_words(ptr) + offsets, lo | (hi << 32), mask=mask)
+
+
+@triton.jit
 def _load_tile(
     x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     x_s, x_b, x_g, x_u, x_d,
@@ -279,10 +326,10 @@ def _load_tile(
     PASS: tl.constexpr, ROW: tl.constexpr,
 ):
     """Issue the loads of a tile of BLOCK_S tokens x BLOCK_H heads of one part: the pairs' two
-    channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice) and the channels past
-    rotary_dim (xp; with PASS 0, a stand-in that is never used). With ``ROW`` (half-split
-    pairs): whole rows [..., ROW] (x1), and each channel's partner (x2: the same lines again,
-    from L1)."""
+    channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice, or with INTERLEAVED 2
+    both as float32 from one word per pair) and the channels past rotary_dim (xp; with PASS 0, a
+    stand-in that is never used). With ``ROW`` (half-split pairs): whole rows [..., ROW] (x1),
+    and each channel's partner (x2: the same lines again, from L1)."""
     if ROW > 0:
         x_row, row_mask = _flat_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g,
                                      x_u, INT64, BLOCK_H)
@@ -296,7 +343,11 @@ def _load_tile(
                                      x_u, INT64, BLOCK_H)
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         mask = row_mask & j_mask[None, None, :]
-        if INTERLEAVED:
+        if INTERLEAVED == 2:
+            # Pair j of a row is word j of it (the launcher passes strides in words, the channel
+            # stride 1): loads as wide as the half-split ones, and no shuffle of registers.
+            x1, x2 = _load_pairs(x_ptr, x_row + j[None, None, :], mask)
+        elif INTERLEAVED:
             # Each row as [..., HALF, 2] (one wide load), split into the pairs' channels later.
             c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
             mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
@@ -307,11 +358,18 @@ def _load_tile(
             x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
         xp = x1
         if PASS > 0:
-            p = rotary_dim + tl.arange(0, PASS)  # channels past rotary_dim, copied through
+            # Channels past rotary_dim, copied through (as words with INTERLEAVED 2).
+            if INTERLEAVED == 2:
+                p = rotary_dim // 2 + tl.arange(0, PASS)
+                p_mask = row_mask & (p < head_dim // 2)[None, None, :]
+                base = _as_words(x_ptr)
+            else:
+                p = rotary_dim + tl.arange(0, PASS)
+                p_mask = row_mask & (p < head_dim)[None, None, :]
+                base = x_ptr
             if INT64:
                 p = p.to(tl.int64)
-            p_mask = row_mask & (p < head_dim)[None, None, :]
-            xp = tl.load(x_ptr + x_row + p[None, None, :] * x_d, mask=p_mask)
+            xp = tl.load(base + x_row + p[None, None, :] * x_d, mask=p_mask)
     return x1, x2, xp
 
 
@@ -340,14 +398,16 @@ def _store_tile(
                                      o_u, INT64, BLOCK_H)
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         mask = row_mask & j_mask[None, None, :]
-        if INTERLEAVED:
+        if INTERLEAVED == 1:
             x1, x2 = tl.split(x1.to(tl.float32))
         else:
             x1 = x1.to(tl.float32)
             x2 = x2.to(tl.float32)
         y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
         y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
-        if INTERLEAVED:
+        if INTERLEAVED == 2:
+            _store_pairs(out_ptr, o_row + j[None, None, :], y1, y2, mask)
+        elif INTERLEAVED:
             c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]
             mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
             y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
@@ -358,11 +418,17 @@ def _store_tile(
             tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
                      mask=mask)
         if PASS > 0:
-            p = rotary_dim + tl.arange(0, PASS)
+            if INTERLEAVED == 2:
+                p = rotary_dim // 2 + tl.arange(0, PASS)
+                p_mask = row_mask & (p < head_dim // 2)[None, None, :]
+                base = _as_words(out_ptr)
+            else:
+                p = rotary_dim + tl.arange(0, PASS)
+                p_mask = row_mask & (p < head_dim)[None, None, :]
+                base = out_ptr
             if INT64:
                 p = p.to(tl.int64)
-            tl.store(out_ptr + o_row + p[None, None, :] * o_d, xp,
-                     mask=row_mask & (p < head_dim)[None, None, :])
+            tl.store(base + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
 
 
 @triton.jit
@@ -432,6 +498,8 @@ def rope_qk_kernel(
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     HAS_V: tl.constexpr,
+    # Pairs: 0 half-split (j, j + rotary_dim/2); interleaved (2j, 2j+1): 1 split from a
+    # [..., HALF, 2] tile, 2 read and written as one word each (q's and k's strides in words).
     INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr,
@@ -605,7 +673,7 @@ def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, interleaved: bool = False, angles: int = 0,
                    rotary_dim: Optional[int] = None, in_place: bool = False,
-                   transposed: bool = False) -> dict:
+                   transposed: bool = False, words: bool = False) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
@@ -652,8 +720,9 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     One head block per program: about TILE_BYTES of input, spent first on heads (a run of heads
     is contiguous in every layout the entry points produce), at most the smaller of the q and k
     head counts so that k's tiles are not mostly masked (grouped-query attention: 8 k heads for
-    32 q heads), then on up to 8 tokens. Interleaved pairs split a [..., HALF, 2] tile, which
-    costs registers: 2 KB tiles. The interpreter pays per program: tiles of up to 16K elements.
+    32 q heads), then on up to 8 tokens. Interleaved pairs that cannot be read as words (see the
+    first rule, ``words``) split a [..., HALF, 2] tile, which costs registers: 2 KB tiles. The
+    interpreter pays per program: tiles of up to 16K elements.
 
     The cos/sin cache with up to 16 KB of q and k per token: one program per token, all of its
     heads (its cache row read once, not once per head block), k's blocks sized to k. From
@@ -704,6 +773,21 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     head_dim 64 the cache's all-heads program is 1 point ahead of it."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if words:
+        # Interleaved pairs read as one word each load like half-split ones. At head_dim 65-128
+        # on a GPU: one token's 8 heads a program, a warp per KB of them (2 warps in 16-bit, 4
+        # in float32); elsewhere the half-split pairs' rules. scripts/qk_pairs_as_words.py,
+        # figures/qk_pairs_as_words_h200.json (H200, 3 shuffled rounds, bf16 32q/8k heads of
+        # 128, 16 x 4096 tokens unless said), forward, of copy, split tile -> words: the cache
+        # 0.710 -> 0.976, Cohere's call 0.731 -> 0.982, GLM's 0.802 -> 0.976, fused QKV 0.719
+        # -> 0.981; head_dim 64 0.329 -> 0.957. Backward alike. At 22 shapes and dtypes,
+        # forward and backward: 1.09-2.94 times the split tile, within 1.6 points of the best of
+        # 7 tiles and the half-split rules, 0.93-0.99 of copy from 671 MB (0.917 at 1024 tokens,
+        # 336 MB; 0.750 at batch 1, 84 MB).
+        if on_gpu and width == 128:
+            return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)),
+                        num_warps=max(1, 8 * row // 1024), all_heads=False)
+        interleaved = False
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
     if (on_gpu and transposed and not interleaved and 64 <= width <= 128
@@ -807,23 +891,30 @@ def _max_offset(sizes, strides) -> int:
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
           backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0),
-          in_place=False):
+          in_place=False, aligned=False):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
     ``offsets``: elements from the k input, k output, v input and v output pointers to the first
-    element of each (a packed tensor passed whole)."""
+    element of each (a packed tensor passed whole). ``aligned``: the addresses of q's and k's
+    inputs and outputs are even in elements (``_aligned``; part of the caller's key)."""
     (seq_len, batch, qg, qu, head_dim), q_in, q_out = q
     (_, _, kg, ku, _), k_in, k_out = k
     q_heads, k_heads = qg * qu, kg * ku
     on_gpu = device.type == "cuda"
     element_size = torch.empty((), dtype=dtype).element_size()
+    # Interleaved pairs read and written as one word each: where every row of q and k, read and
+    # written, starts at an even element and has its channels contiguous.
+    words = (bool(interleaved) and aligned and head_dim % 2 == 0
+             and offsets[0] % 2 == 0 and offsets[1] % 2 == 0
+             and all(st[4] == 1 and all(x % 2 == 0 or n == 1 for x, n in zip(st[:4], sizes[:4]))
+                     for sizes, *strides in (q, k) for st in strides))
     # Tokens and heads in the other memory order in the outputs than in the inputs (a size of 1
     # has no order).
     transposed = (seq_len > 1 and q_heads > 1
                   and (abs(q_in[0]) < abs(q_in[2])) != (abs(q_out[0]) < abs(q_out[2])))
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         angles, rotary_dim, in_place, transposed)
+                         angles, rotary_dim, in_place, transposed, words)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # Programs of one head block index every part by the same block size; programs of all
@@ -841,6 +932,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
+    if words:  # q and k indexed in words (pairs): strides halved, the channel one 1 (v: elements)
+        q_in, q_out, k_in, k_out = [(*(x // 2 for x in st[:4]), 1)
+                                    for st in (q_in, q_out, k_in, k_out)]
     scalars = (seq_len, batch, q_heads, k_heads, v_heads, qu, ku, rotary_dim, head_dim, v_dim,
                *q_in, *q_out, *k_in, *k_out, *v_strides, *t_strides, *p_strides, cp_size,
                cp_rank, *offsets, q_blocks, k_blocks, part_blocks, s_blocks)
@@ -854,7 +948,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         HAS_START=has_start,
         USE_CP=cp_size > 1,
         HAS_V=v is not None,
-        INTERLEAVED=bool(interleaved),
+        INTERLEAVED=2 if words else int(bool(interleaved)),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).
         FAST_TRIG=(angles == 0 and dtype != torch.float32 and on_gpu and not INTERPRETED
@@ -867,11 +961,20 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         K_LOOP=k_blocks if all_heads else 0,
         V_LOOP=part_blocks - q_blocks - k_blocks if all_heads else 0,
         HALF=_next_pow2(rotary_dim // 2),
-        PASS=_next_pow2(head_dim - rotary_dim) if head_dim > rotary_dim else 0,
+        # Channels past rotary_dim (in words of two when pairs are words).
+        PASS=(_next_pow2((head_dim - rotary_dim) // (2 if words else 1))
+              if head_dim > rotary_dim else 0),
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
         ROW=_next_pow2(head_dim) if cfg.get("whole_rows") and not interleaved else 0,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
+
+
+def _aligned(interleaved: bool, *tensors: torch.Tensor) -> bool:
+    """Interleaved pairs, every address even in elements: a condition for reading pairs as words
+    (the others, in ``_plan``, follow from shapes and strides). False for half-split pairs, which
+    need no address in the call's key."""
+    return bool(interleaved) and all(t.data_ptr() % (2 * t.element_size()) == 0 for t in tensors)
 
 
 def _run(key, make_plan, pointers) -> None:
@@ -924,12 +1027,13 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
     if start_positions is not None:  # read with stride 1: a strided view is copied first
         start_positions = start_positions.contiguous()
     same_table = k_freqs.data_ptr() == q_freqs.data_ptr()  # (same shape and strides: checked)
+    aligned = _aligned(interleaved, qkv_like, q, k)
     h = k.shape[2]
     sig = ("qkv", qkv_like.shape, qkv_like.stride(), q.stride(), k.stride(), v.stride(),
            qkv_like.dtype, q.dtype, k.dtype, v.dtype, qkv_like.device, tuple(splits),
            tensor_format, q_freqs.shape[-1], q_freqs.stride(), q_freqs.dtype, k_freqs.dtype,
            None if start_positions is None else start_positions.dtype,
-           bool(interleaved), cp_size, cp_rank, bool(backward), same_table)
+           bool(interleaved), cp_size, cp_rank, bool(backward), same_table, aligned)
 
     # The k and v parts of the packed tensor start q_split and q_split + k_split channels in:
     # the kernel gets the packed tensor itself and these offsets.
@@ -953,7 +1057,7 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
                      has_start=start_positions is not None, interleaved=interleaved,
                      backward=backward, cp_size=cp_size, cp_rank=cp_rank,
                      t_strides=(0, q_freqs.stride(0), q_freqs.stride(-1)), p_strides=(0, 0),
-                     same_table=same_table, offsets=offsets)
+                     same_table=same_table, offsets=offsets, aligned=aligned)
 
     _run(sig, make_plan, (*ptrs, q_freqs, k_freqs, q_freqs, qkv_like,
                           start_positions if start_positions is not None else qkv_like))
@@ -1036,12 +1140,13 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
     if query.numel() == 0 and key.numel() == 0:
         return query_out, key_out
     in_place = query_out is query and key_out is key  # in place has tiles of its own
+    aligned = _aligned(not is_neox, query, key, query_out, key_out)
     # Every pointer's dtype is in the key: a launcher that reuses the kernel compiled for a plan
     # (the package's) relies on the plan fixing everything Triton specialises on.
     sig = ("cache", query.shape, query.stride(), q_out_strides, key.shape, key.stride(),
            k_out_strides, query.dtype, key.dtype, query_out.dtype, key_out.dtype, query.device,
            positions.stride(), positions.dtype, cos_sin_cache.stride(), cos_sin_cache.dtype,
-           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward), in_place)
+           cos_sin_cache.shape[-1], head_size, bool(is_neox), bool(backward), in_place, aligned)
 
     def make_plan():
         (q_sizes, q_in), (k_sizes, k_in) = (_tokens_heads(query, head_size),
@@ -1052,7 +1157,8 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
                      rotary_dim=cos_sin_cache.shape[-1], has_positions=True, has_start=False,
                      interleaved=not is_neox, backward=backward, cp_size=1, cp_rank=0,
                      t_strides=(0, cos_sin_cache.stride(0), cos_sin_cache.stride(1)),
-                     p_strides=(positions.stride(0), 0), same_table=True, in_place=in_place)
+                     p_strides=(positions.stride(0), 0), same_table=True, in_place=in_place,
+                     aligned=aligned)
 
     _run(sig, make_plan, (query, query_out, key, key_out, query, query, cos_sin_cache,
                           cos_sin_cache, cos_sin_cache, positions, query))
@@ -1117,8 +1223,10 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         return q_out, k_out
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
+    aligned = _aligned(interleaved, q, k, q_out, k_out)
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
-           cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs)
+           cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
+           aligned)
 
     def make_plan():
         q_sizes, q_in = _sbhd_of_hf(q, heads_axis)
@@ -1131,9 +1239,8 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      (k_sizes, k_in, _sbhd_of_hf(k_out, heads_axis)[1]), None, device=q.device,
                      dtype=q.dtype, angles=angles, rotary_dim=cos.shape[-1],
                      has_positions=False, has_start=False, interleaved=interleaved,
-                     backward=backward,
-                     cp_size=1, cp_rank=0, t_strides=t_strides, p_strides=(0, 0),
-                     same_table=True)
+                     backward=backward, cp_size=1, cp_rank=0, t_strides=t_strides,
+                     p_strides=(0, 0), same_table=True, aligned=aligned)
 
     _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
     return q_out, k_out

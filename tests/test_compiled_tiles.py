@@ -152,9 +152,10 @@ def hf_half_rotary(qk, dtype=torch.bfloat16):
                     same_table=True)
 
 
-def fused_qkv(qk, dtype=torch.bfloat16):
+def fused_qkv(qk, dtype=torch.bfloat16, interleaved=False):
     """rope_qk's plan for TE's fused QKV forward, sbhd qkv [4096, 8, 8 groups, (4 q + k + v) x
-    128] into q, k, v, built as ``_run_qkv`` builds it."""
+    128] into q, k, v, built as ``_run_qkv`` builds it (addresses even: interleaved pairs are
+    read as words)."""
     s, b, groups, per_group, d = 4096, 8, 8, 4, 128
     splits = (per_group * d, d, d)
     qkv = torch.empty(s, b, groups, sum(splits), device="meta", dtype=dtype)
@@ -166,9 +167,9 @@ def fused_qkv(qk, dtype=torch.bfloat16):
     parts = [(sizes, st, o[1]) for (sizes, st), o in zip(packed, split)]
     return qk._plan(parts[0], parts[1], parts[2], device=torch.device("cuda"), dtype=dtype,
                     angles=qk.ANGLES["freqs"], rotary_dim=d, has_positions=False,
-                    has_start=False, interleaved=False, backward=False, cp_size=1, cp_rank=0,
-                    t_strides=(0, d, 1), p_strides=(0, 0), same_table=True,
-                    offsets=(splits[0], 0, splits[0] + splits[1], 0))
+                    has_start=False, interleaved=interleaved, backward=False, cp_size=1,
+                    cp_rank=0, t_strides=(0, d, 1), p_strides=(0, 0), same_table=True,
+                    offsets=(splits[0], 0, splits[0] + splits[1], 0), aligned=True)
 
 
 def compile_qk(qk, plan, dtype=torch.bfloat16, capability=90):
@@ -300,7 +301,11 @@ def test_rope_2d_compiles_for_older_gpus(compiled_modules, capability, dtype):
 @pytest.mark.parametrize("capability", OLDER_GPUS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_rope_qk_compiles_for_older_gpus(compiled_modules, capability, dtype):
-    """The q+k kernel's Hugging Face transposed whole rows and fused QKV's plan."""
+    """The q+k kernel's Hugging Face transposed whole rows and fused QKV's plan, half-split and
+    with interleaved pairs read as words."""
     qk = compiled_modules["rope_qk"]
     assert compile_qk(qk, hf_half_rotary(qk, dtype), dtype, capability).asm["cubin"]
     assert compile_qk(qk, fused_qkv(qk, dtype), dtype, capability).asm["cubin"]
+    words = fused_qkv(qk, dtype, interleaved=True)
+    assert words.constexprs["INTERLEAVED"] == 2
+    assert compile_qk(qk, words, dtype, capability).asm["cubin"]

@@ -40,20 +40,29 @@ def mode(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("is_neox", [True, False])
+# (is_neox, interleaved pairs read as words): the three ways the kernel reads pairs
+PAIRINGS = [(True, False), (False, True), (False, False)]
+
+
+@pytest.mark.parametrize("is_neox,words", PAIRINGS,
+                         ids=["half-split", "interleaved-words", "interleaved-split"])
 @pytest.mark.parametrize("backward", [False, True])
-def test_cache(mode, is_neox, backward, seed):
+def test_cache(mode, is_neox, words, backward, seed):
     tokens, q_heads, k_heads, head_size = 5, 5, 3, 20
     cache = make_cache(32, 12)
     g = torch.Generator().manual_seed(seed)
     positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
     query = randn((tokens, q_heads * head_size), torch.float32, seed)
     key = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
+    if not is_neox and not words:  # query at an odd address: the pairs split from a tile
+        flat = torch.empty(query.numel() + 1, device=DEVICE)
+        query = flat[1:].view(query.shape).copy_(query)
     q_out = torch.full_like(query, float("nan"))
     k_out = torch.full_like(key, float("nan"))
     rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, is_neox,
                                query_out=q_out, key_out=k_out, backward=backward)
     (plan,) = rope_qk._PLANS.values()
+    assert plan.constexprs["INTERLEAVED"] == (0 if is_neox else 2 if words else 1)
     assert plan.constexprs["LOADS_FIRST"] == (mode.get("loads_first", False)
                                               and mode["block_h"] >= q_heads
                                               and mode.get("block_hk", mode["block_h"]) >= k_heads)
@@ -116,6 +125,115 @@ def test_qkv_backward(mode, dtype, seed):
     assert torch.equal(dv, v_grad)
 
 
+def _interleaved_layouts(dtype, seed, tokens=5, q_heads=5, k_heads=3, head_size=20):
+    """(name, query, key, query_out or None, pairs as words?) for the cache's interleaved pairs:
+    [tokens, heads * head_size] and [tokens, heads, head_size] q and k whose pairs can be read
+    as one word each, and layouts that fall back to splitting a [..., HALF, 2] tile."""
+    q = randn((tokens, q_heads * head_size), dtype, seed)
+    k = randn((tokens, k_heads * head_size), dtype, seed + 1)
+
+    def at_odd_address(x):
+        flat = torch.empty(x.numel() + 1, dtype=dtype, device=DEVICE)
+        return flat[1:].view(x.shape).copy_(x)
+
+    def odd_row_stride(x):
+        wide = torch.empty((x.shape[0], x.shape[1] + 1), dtype=dtype, device=DEVICE)
+        return wide[:, : x.shape[1]].copy_(x)
+
+    heads_outer = q.view(tokens, q_heads, head_size).transpose(0, 1).contiguous().transpose(0, 1)
+    channels_strided = (q.view(tokens, q_heads, head_size).transpose(1, 2).contiguous()
+                        .transpose(1, 2))
+    nan_at_odd_address = at_odd_address(torch.full_like(q, float("nan")))
+    return [
+        ("contiguous", q, k, None, True),
+        ("3-D, heads the outer axis", heads_outer, k.view(tokens, k_heads, head_size), None, True),
+        ("odd address of query", at_odd_address(q), k, None, False),
+        ("odd address of key", q, at_odd_address(k), None, False),
+        ("odd address of query_out", q, k, nan_at_odd_address, False),
+        ("odd row stride of key", q, odd_row_stride(k), None, False),
+        ("3-D, channels strided", channels_strided, k.view(tokens, k_heads, head_size), None,
+         False),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backward", [False, True])
+def test_cache_interleaved_pairs_as_words_and_fallback(dtype, backward, seed, monkeypatch):
+    """Interleaved pairs are read and written as one 32-bit (64-bit for float32) word each where
+    every row of q and k, read and written, starts at an even element with contiguous channels,
+    and split from a [..., HALF, 2] tile otherwise. Both paths, with channels past rotary_dim
+    copied through (as words on the first), against the float64 reference, outputs poisoned;
+    the chosen path is checked, so neither can be silently lost; the inputs are not modified."""
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    head_size, rotary_dim = 20, 12
+    cache = make_cache(32, rotary_dim)
+    ref_cache = (torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 32, (5,), generator=g).to(DEVICE)
+    for name, query, key, query_out, words in _interleaved_layouts(dtype, seed):
+        before = query.clone(), key.clone()
+        if query_out is None:
+            query_out = torch.full_like(query, float("nan"))
+        key_out = torch.full_like(key, float("nan"))
+        rope_qk._PLANS.clear()  # so that the one plan left afterwards is this call's
+        rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, False,
+                                   query_out=query_out, key_out=key_out, backward=backward)
+        (plan,) = rope_qk._PLANS.values()
+        assert plan.constexprs["INTERLEAVED"] == (2 if words else 1), name
+        assert plan.constexprs["PASS"] == (4 if words else 8), name  # 8 channels: 4 words
+        path = f"{name} ({'words' if words else 'split'})"
+        flat = lambda x: x.reshape(x.shape[0], -1)  # noqa: E731
+        assert_rope_close(flat(query_out), cache_reference(positions, flat(query), head_size,
+                                                           ref_cache, False), dtype, path)
+        assert_rope_close(flat(key_out), cache_reference(positions, flat(key), head_size,
+                                                         ref_cache, False), dtype, path)
+        assert torch.equal(query, before[0]) and torch.equal(key, before[1]), path
+
+
+@pytest.mark.parametrize("pairs", ["interleaved", "glm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backward", [False, True])
+def test_hf_interleaved_pairs_as_words_and_fallback(pairs, dtype, backward, seed, monkeypatch):
+    """Hugging Face's interleaved pairings (Cohere's, GLM's with part of the head rotated) on
+    the [b, h, s, d] views models hand over (pairs as words) and on a view of a tensor at an odd
+    address (split): both against the float64 formula."""
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    b, s, q_heads, k_heads, d = 2, 3, 5, 3, 20
+    r = d if pairs == "interleaved" else 12  # GLM's partial rotary: cos/sin 12 wide, 6 pairs
+    q = randn((b, s, q_heads, d), dtype, seed).transpose(1, 2)
+    k = randn((b, s, k_heads, d), dtype, seed + 1).transpose(1, 2)
+    angles = randn((b, s, r), torch.float32, seed + 2)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    flat = torch.empty(k.numel() + 1, dtype=dtype, device=DEVICE)
+    k_odd = flat[1:].view(b, s, k_heads, d).copy_(k.transpose(1, 2)).transpose(1, 2)
+    for name, kk, words in (("views", k, True), ("k at an odd address", k_odd, False)):
+        rope_qk._PLANS.clear()
+        q_out, k_out = rope_qk.rope_cos_sin(q, kk, cos, sin, 1, backward=backward, pairs=pairs)
+        (plan,) = rope_qk._PLANS.values()
+        assert plan.constexprs["INTERLEAVED"] == (2 if words else 1), name
+        # The backward is the transpose of the forward (Cohere's tables give a pair's two
+        # channels angles of their own here, so it is not the forward with sin negated).
+        for x, out in ((q, q_out), (kk, k_out)):
+            ref = (_hf_transpose if backward else hf_reference)(x, cos, sin, pairs=pairs)
+            assert_rope_close(out, ref, dtype, f"{name} ({'words' if words else 'split'})")
+
+
+def _hf_transpose(g, cos, sin, pairs="interleaved"):
+    """float64: the transpose of Hugging Face's interleaved rotation applied to ``g`` (the
+    backward): y = x cos + rotate(x) sin has the adjoint g cos + rotate^T(g sin)."""
+    cos, sin = cos.double().unsqueeze(1), sin.double().unsqueeze(1)
+    if pairs == "glm":
+        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, -1)
+        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, -1)
+    r = cos.shape[-1]
+    g = g.double()
+    rot, rest = g[..., :r], g[..., r:]
+    gs = rot * sin
+    # rotate(x) = (-x[2j+1], x[2j]) per pair; its transpose maps (u1, u2) to (u2, -u1).
+    rt = torch.stack((gs[..., 1::2], -gs[..., 0::2]), -1).flatten(-2)
+    return torch.cat((rot * cos + rt, rest), dim=-1)
+
+
 def test_default_config_of_hugging_face_tables(monkeypatch):
     """Hugging Face's cos/sin where a row is 256 B or more, k fills 2 KB and the whole head is
     rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
@@ -166,6 +284,25 @@ def test_default_config_of_interleaved_hugging_face_tables():
             assert got["num_warps"] == 4, (esize, on_gpu, got)
     got = rope_qk.default_config(4096, 32, 8, 128, 2, True, True, rope_qk.ANGLES["freqs"], 128)
     assert got["num_warps"] == 4
+
+
+def test_default_config_of_pairs_as_words():
+    """Interleaved pairs read as words: at head_dim 65 to 128 (rows of 128 channels) on a GPU, one
+    token's 8 heads a program, a warp per KB (2 warps in 16-bit, 4 in float32), for every table;
+    elsewhere the tile the same call gets for half-split pairs (scripts/qk_pairs_as_words.py)."""
+    for angles in rope_qk.ANGLES.values():
+        for element_size, warps in ((2, 2), (4, 4)):
+            for q_heads, block_h in ((32, 8), (4, 4)):
+                for head_dim in (128, 96):
+                    args = (4096, q_heads, 4, head_dim, element_size, True, True, angles)
+                    assert rope_qk.default_config(*args, words=True) == dict(
+                        block_s=1, block_h=block_h, num_warps=warps, all_heads=False), args
+        for head_dim, element_size, on_gpu in ((64, 2, True), (256, 2, True), (128, 2, False)):
+            for in_place in (False, True):
+                args = (4096, 32, 8, head_dim, element_size, on_gpu)
+                rest = (angles, head_dim, in_place, False)
+                assert (rope_qk.default_config(*args, True, *rest, words=True)
+                        == rope_qk.default_config(*args, False, *rest)), (args, rest)
 
 
 def test_default_config_of_the_cache_in_place(monkeypatch):
@@ -281,7 +418,7 @@ def test_whole_rows_switch(monkeypatch):
     positions = torch.arange(3, device=DEVICE)
     for is_neox, row in ((True, 128), (False, 0)):
         rope_qk.rope_cos_sin_cache(positions, query, key, 80, make_cache(8, 64), is_neox)
-        plan = next(p for sig, p in rope_qk._PLANS.items() if sig[-3] is is_neox)
+        plan = next(p for sig, p in rope_qk._PLANS.items() if sig[-4] is is_neox)
         assert plan.constexprs["ROW"] == row
 
 

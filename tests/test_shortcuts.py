@@ -248,6 +248,58 @@ def test_interleaved_pairs_get_a_shortcut_per_address_class(shortcuts, seed):
     assert len(_entries(shortcuts)) == 2
 
 
+@pytest.mark.parametrize("entry", ["cache", "cache in place", "interleaved", "glm", "qkv"])
+def test_qk_interleaved_pairs_get_a_shortcut_per_address_class(entry, shortcuts, seed,
+                                                               monkeypatch):
+    """The q+k kernel reads interleaved pairs as words only where q's and k's addresses are even
+    in elements: calls of one signature alternating between an even and an odd address of q
+    (of qkv for fused QKV) are two plans, two shortcuts, each right from its second call on."""
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+
+    def at(x, odd):  # x's values at an even or an odd element address, same shape and strides
+        flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEVICE)
+        return (flat[1:] if odd else flat[:-1]).view(x.shape).copy_(x)
+
+    for call in range(4):
+        odd, s = call % 2 == 1, seed + 10 * call
+        if entry == "qkv":
+            qkv = at(randn((4, 2, 3, 4 * 16), torch.bfloat16, s), odd)
+            freqs = RotaryPositionEmbedding(16, interleaved=True, device=DEVICE)(4)
+            q, k, v = apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [32, 16, 16],
+                                                     interleaved=True)
+            want_q, want_k, want_v = qkv_reference(qkv.double(), freqs, freqs, [32, 16, 16],
+                                                   interleaved=True)
+            for got, want, name in ((q, want_q, "q"), (k, want_k, "k"), (v, want_v, "v")):
+                assert_rope_close(got, want, torch.bfloat16, f"{name}, call {call}")
+        elif entry.startswith("cache"):
+            positions = _starts(5, 32, s)
+            cache = make_cache(32, 24)
+            query = at(randn((5, 4 * 24), torch.bfloat16, s), odd)
+            key = randn((5, 2 * 24), torch.bfloat16, s + 1)
+            want = (cache_reference(positions, query, 24, cache, False),
+                    cache_reference(positions, key, 24, cache, False))
+            # (validate=False: a call whose positions are checked takes the full path)
+            if entry == "cache in place":
+                apply_rope_with_cos_sin_cache_inplace(positions, query, key, 24, cache, False,
+                                                      validate=False)
+                got = (query, key)
+            else:
+                got = apply_rope_with_cos_sin_cache(positions, query, key, 24, cache, False,
+                                                    validate=False)
+            for x, ref, name in zip(got, want, ("query", "key")):
+                assert_rope_close(x, ref, torch.bfloat16, f"{name}, call {call}")
+        else:
+            q, k, cos, sin = _hf_inputs(s, rotary_dim=24)
+            q = at(q.transpose(1, 2), odd).transpose(1, 2)  # the [b, h, s, d] view, moved
+            q_embed, k_embed = HF_FUNCTIONS[entry](q, k, cos, sin)
+            assert_rope_close(q_embed, hf_reference(q, cos, sin, pairs=entry), torch.bfloat16,
+                              f"q, call {call}")
+            assert_rope_close(k_embed, hf_reference(k, cos, sin, pairs=entry), torch.bfloat16,
+                              f"k, call {call}")
+    assert len(_entries(shortcuts)) == 2
+    assert sorted(p.constexprs["INTERLEAVED"] for p in rope_qk._PLANS.values()) == [1, 2]
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_cache_calls_through_the_shortcut_match_reference(in_place, is_neox, shortcuts, seed):
