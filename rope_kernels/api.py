@@ -329,7 +329,7 @@ def apply_fused_qkv_rotary_pos_emb(
             # (Interleaved pairs: whether qkv's address allows reading them as words, too.)
             flags = ("qkv", q_freqs.data_ptr() == k_freqs.data_ptr(), q_split, k_split, v_split,
                      tensor_format, interleaved, cp_size, cp_rank, start_positions is None,
-                     interleaved and _qk._aligned(True, qkv))
+                     interleaved and _qk._aligned(qkv))
             guarded = (qkv, q_freqs, _SAME_TABLE if k_freqs is q_freqs else k_freqs)
             if start_positions is not None:
                 guarded += (start_positions,)
@@ -437,7 +437,7 @@ def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, va
         return None, None
     # (Interleaved pairs: whether the addresses allow reading them as words decides the plan.)
     flags = ("cache", head_size, is_neox, in_place,
-             not is_neox and _qk._aligned(True, query, key))
+             not is_neox and _qk._aligned(query, key))
     for known, check, entry in _SHORTCUTS.recent:
         if known == flags and check(positions, query, key, cos_sin_cache):
             return None, entry

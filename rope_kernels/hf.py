@@ -104,7 +104,7 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs):
             and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
                                                or cos.requires_grad or sin.requires_grad))):
         # (Interleaved pairs: whether the addresses allow reading them as words decides the plan.)
-        flags = ("hf", unsqueeze_dim, pairs, pairs != "half" and _qk._aligned(True, q, k))
+        flags = ("hf", unsqueeze_dim, pairs, pairs != "half" and _qk._aligned(q, k))
         for known, check, entry in shortcuts.recent:  # (see rope_kernels.api._Shortcuts)
             if known == flags and check(q, k, cos, sin):
                 q_embed, k_embed = entry((q, k, cos, sin))

@@ -970,11 +970,11 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
 
 
-def _aligned(interleaved: bool, *tensors: torch.Tensor) -> bool:
-    """Interleaved pairs, every address even in elements: a condition for reading pairs as words
-    (the others, in ``_plan``, follow from shapes and strides). False for half-split pairs, which
-    need no address in the call's key."""
-    return bool(interleaved) and all(t.data_ptr() % (2 * t.element_size()) == 0 for t in tensors)
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """Every address even in elements: the condition for reading interleaved pairs as words that
+    depends on the addresses (the others, in ``_plan``, follow from shapes and strides). Callers
+    ask only for interleaved pairs: half-split ones need no address in the call's key."""
+    return all(t.data_ptr() % (2 * t.element_size()) == 0 for t in tensors)
 
 
 def _run(key, make_plan, pointers) -> None:
@@ -1027,7 +1027,7 @@ def _run_qkv(qkv_like, q, k, v, q_freqs, k_freqs, splits, tensor_format, start_p
     if start_positions is not None:  # read with stride 1: a strided view is copied first
         start_positions = start_positions.contiguous()
     same_table = k_freqs.data_ptr() == q_freqs.data_ptr()  # (same shape and strides: checked)
-    aligned = _aligned(interleaved, qkv_like, q, k)
+    aligned = bool(interleaved) and _aligned(qkv_like, q, k)
     h = k.shape[2]
     sig = ("qkv", qkv_like.shape, qkv_like.stride(), q.stride(), k.stride(), v.stride(),
            qkv_like.dtype, q.dtype, k.dtype, v.dtype, qkv_like.device, tuple(splits),
@@ -1140,7 +1140,7 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
     if query.numel() == 0 and key.numel() == 0:
         return query_out, key_out
     in_place = query_out is query and key_out is key  # in place has tiles of its own
-    aligned = _aligned(not is_neox, query, key, query_out, key_out)
+    aligned = not is_neox and _aligned(query, key, query_out, key_out)
     # Every pointer's dtype is in the key: a launcher that reuses the kernel compiled for a plan
     # (the package's) relies on the plan fixing everything Triton specialises on.
     sig = ("cache", query.shape, query.stride(), q_out_strides, key.shape, key.stride(),
@@ -1223,7 +1223,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         return q_out, k_out
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    aligned = _aligned(interleaved, q, k, q_out, k_out)
+    aligned = interleaved and _aligned(q, k, q_out, k_out)
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
            cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
            aligned)
