@@ -214,24 +214,17 @@ def test_hf_interleaved_pairs_as_words_and_fallback(pairs, dtype, backward, seed
         # The backward is the transpose of the forward (Cohere's tables give a pair's two
         # channels angles of their own here, so it is not the forward with sin negated).
         for x, out in ((q, q_out), (kk, k_out)):
-            ref = (_hf_transpose if backward else hf_reference)(x, cos, sin, pairs=pairs)
+            ref = (_hf_backward_reference if backward else hf_reference)(x, cos, sin, pairs=pairs)
             assert_rope_close(out, ref, dtype, f"{name} ({'words' if words else 'split'})")
 
 
-def _hf_transpose(g, cos, sin, pairs="interleaved"):
-    """float64: the transpose of Hugging Face's interleaved rotation applied to ``g`` (the
-    backward): y = x cos + rotate(x) sin has the adjoint g cos + rotate^T(g sin)."""
-    cos, sin = cos.double().unsqueeze(1), sin.double().unsqueeze(1)
-    if pairs == "glm":
-        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, -1)
-        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, -1)
-    r = cos.shape[-1]
-    g = g.double()
-    rot, rest = g[..., :r], g[..., r:]
-    gs = rot * sin
-    # rotate(x) = (-x[2j+1], x[2j]) per pair; its transpose maps (u1, u2) to (u2, -u1).
-    rt = torch.stack((gs[..., 1::2], -gs[..., 0::2]), -1).flatten(-2)
-    return torch.cat((rot * cos + rt, rest), dim=-1)
+def _hf_backward_reference(grad, cos, sin, pairs="half"):
+    """float64: the gradient of transformers' formula (``hf_reference``) with respect to its input
+    for the output gradient ``grad``, through autograd: the exact transpose of the forward, also
+    where a pair's two channels have angles of their own."""
+    x64 = torch.zeros(grad.shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    hf_reference(x64, cos, sin, pairs=pairs).backward(grad.double())
+    return x64.grad
 
 
 def test_default_config_of_hugging_face_tables(monkeypatch):
@@ -554,10 +547,6 @@ def test_hf_tables_whose_halves_differ(config, backward, seed, monkeypatch):
     (plan,) = rope_qk._PLANS.values()
     assert plan.constexprs["ROW"] == (16 if config.get("whole_rows") else 0)
     for name, x, out in (("q", q, q_out), ("k", k, k_out)):
-        if backward:  # x is the output's gradient: the input's, through autograd
-            x64 = torch.zeros(x.shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
-            hf_reference(x64, cos, sin).backward(x.double())
-            want = x64.grad
-        else:
-            want = hf_reference(x, cos, sin)
+        # (backward: x is the output's gradient, the reference the input's)
+        want = (_hf_backward_reference if backward else hf_reference)(x, cos, sin)
         assert_rope_close(out, want, torch.bfloat16, name)
