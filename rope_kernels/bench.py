@@ -47,8 +47,11 @@ FIGURES = CHECKOUT / "figures"
 DEFAULT = dict(seq_len=4096, batch=16, heads=32, head_dim=128, rotary_percent=1.0)
 COLUMNS = ["gpu", "impl", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads",
            "head_dim", "rotary_dim", "n_seqs", "sweep", "ms", "gbps", "copy_gbps", "timing",
-           "entry", "k_heads", "copy_same_gbps"]
+           "entry", "k_heads", "copy_same_gbps", "interleaved"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Where the problems are built: the GPU. (tests/test_bench_calls.py builds small ones on the CPU,
+# in the interpreter, to check what every call computes.)
+DEVICE = "cuda"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +225,7 @@ class Problem:
         self.seq_len, self.batch, self.heads, self.head_dim = seq_len, batch, heads, head_dim
         self.interleaved = interleaved
         dtype = DTYPES[dtype]
-        g = torch.Generator(device="cuda").manual_seed(seed)
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
         self.cu_seqlens = None
         if tensor_format == "thd":
             # seq_len * batch tokens cut at random into n_seqs sequences of varying length, or
@@ -230,14 +233,14 @@ class Problem:
             total = seq_len * batch
             if n_seqs is None:
                 self.n_seqs, self.max_len = batch, seq_len
-                self.cu_seqlens = torch.arange(0, total + 1, seq_len, device="cuda",
+                self.cu_seqlens = torch.arange(0, total + 1, seq_len, device=DEVICE,
                                                dtype=torch.int32)
             else:
                 self.n_seqs = n_seqs
-                cuts = torch.randperm(total - 1, generator=g, device="cuda")[: n_seqs - 1] + 1
-                cu = torch.cat([torch.zeros(1, device="cuda", dtype=torch.long),
+                cuts = torch.randperm(total - 1, generator=g, device=DEVICE)[: n_seqs - 1] + 1
+                cu = torch.cat([torch.zeros(1, device=DEVICE, dtype=torch.long),
                                 cuts.sort().values,
-                                torch.full((1,), total, device="cuda", dtype=torch.long)])
+                                torch.full((1,), total, device=DEVICE, dtype=torch.long)])
                 self.cu_seqlens = cu.to(torch.int32)
                 self.max_len = int((cu[1:] - cu[:-1]).max())
             shape = (total, heads, head_dim)
@@ -247,10 +250,10 @@ class Problem:
             shape = (seq_len, batch, heads, head_dim)
             if tensor_format == "bshd":
                 shape = (batch, seq_len, heads, head_dim)
-        self.t = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
-        self.grad = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
+        self.t = torch.randn(shape, device=DEVICE, dtype=dtype, generator=g)
+        self.grad = torch.randn(shape, device=DEVICE, dtype=dtype, generator=g)
         emb = RotaryPositionEmbedding(head_dim, rotary_percent, interleaved=interleaved,
-                                      device=torch.device("cuda"))
+                                      device=torch.device(DEVICE))
         self.freqs = emb(self.max_len)
         self.rotary_dim = self.freqs.shape[-1]
 
@@ -267,7 +270,7 @@ class Problem:
         return dict(tensor_format=self.tensor_format, dtype=self.dtype_name,
                     seq_len=self.seq_len, batch=self.batch, heads=self.heads,
                     head_dim=self.head_dim, rotary_dim=self.rotary_dim,
-                    n_seqs=self.n_seqs)
+                    n_seqs=self.n_seqs, interleaved=self.interleaved)
 
 
 def _autograd(fn):
@@ -480,9 +483,12 @@ def missing_peers() -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # The other entry points: q and k together (serving, Hugging Face), fused QKV (TransformerEngine)
 # ---------------------------------------------------------------------------------------------
-def _hf_formula(q, k, cos, sin):
-    """transformers' Llama formula in plain PyTorch: the eager baseline of the q+k problems."""
+def _hf_formula(q, k, cos, sin, interleaved=False):
+    """transformers' Llama formula in plain PyTorch: the eager baseline of the q+k problems
+    (``interleaved``: Cohere's, channels 2j and 2j+1 paired, cos and sin repeat_interleaved)."""
     def rot(x):
+        if interleaved:
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((-x2, x1), dim=-1)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -493,26 +499,32 @@ class QKProblem:
     """q [b, s, q_heads, d] and k [b, s, k_heads, d] (the memory of the projections), rotated at
     positions 0..s-1 of each sequence; every implementation gets the layout its API expects as a
     view of that memory (tokens x heads*d for the cos/sin cache, [b, h, s, d] for HF and Liger).
-    Bytes: q and k read and written once + the float32 cos/sin rows of the s positions."""
+    ``interleaved``: channels 2j and 2j+1 paired (the cache's ``is_neox=False``, Cohere's and
+    GLM's functions) rather than j and j + rotary_dim/2. Bytes: q and k read and written once +
+    the float32 cos/sin rows of the s positions."""
 
     tensor_format = "qk"
 
     def __init__(self, dtype="bf16", seq_len=4096, batch=16, heads=32, k_heads=8, head_dim=128,
-                 rotary_percent=1.0, seed=0):
+                 rotary_percent=1.0, interleaved=False, seed=0):
         self.dtype_name, self.seq_len, self.batch = dtype, seq_len, batch
         self.heads, self.k_heads, self.head_dim = heads, k_heads, head_dim
+        self.interleaved = interleaved
         dtype = DTYPES[dtype]
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        mk = lambda h: torch.randn((batch, seq_len, h, head_dim), device="cuda", dtype=dtype,  # noqa: E731
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
+        mk = lambda h: torch.randn((batch, seq_len, h, head_dim), device=DEVICE, dtype=dtype,  # noqa: E731
                                    generator=g)
         self.q, self.k, self.gq, self.gk = mk(heads), mk(k_heads), mk(heads), mk(k_heads)
         self.rotary_dim = int(head_dim * rotary_percent)
-        inv = 1.0 / 10000 ** (torch.arange(0, self.rotary_dim, 2, device="cuda") / self.rotary_dim)
-        f = torch.outer(torch.arange(seq_len, device="cuda", dtype=torch.float32), inv)
+        inv = 1.0 / 10000 ** (torch.arange(0, self.rotary_dim, 2, device=DEVICE) / self.rotary_dim)
+        f = torch.outer(torch.arange(seq_len, device=DEVICE, dtype=torch.float32), inv)
         self.cache = torch.cat((f.cos(), f.sin()), dim=-1)
+        # Llama's (and GLM's) layout, cat(freqs, freqs); Cohere's repeats each angle in place.
         self.cos, self.sin = (torch.cat((f, f), -1).cos().to(dtype)[None],
                               torch.cat((f, f), -1).sin().to(dtype)[None])
-        self.positions = torch.arange(seq_len, device="cuda").repeat(batch)
+        pairs = f.repeat_interleave(2, dim=-1)
+        self.cos_pairs, self.sin_pairs = pairs.cos().to(dtype)[None], pairs.sin().to(dtype)[None]
+        self.positions = torch.arange(seq_len, device=DEVICE).repeat(batch)
         self.n_seqs = batch
 
     @property
@@ -526,7 +538,8 @@ class QKProblem:
     def row(self) -> dict:
         return dict(tensor_format="qk", dtype=self.dtype_name, seq_len=self.seq_len,
                     batch=self.batch, heads=self.heads, k_heads=self.k_heads,
-                    head_dim=self.head_dim, rotary_dim=self.rotary_dim, n_seqs=self.batch)
+                    head_dim=self.head_dim, rotary_dim=self.rotary_dim, n_seqs=self.batch,
+                    interleaved=self.interleaved)
 
 
 def qk_implementations(decode: bool = False) -> dict:
@@ -536,40 +549,62 @@ def qk_implementations(decode: bool = False) -> dict:
     # The [tokens, heads * d] views are made once, outside the timed calls, as a serving loop
     # holds its q and k (two views a call cost the decode rows a few microseconds).
     def cache(p, direction, validate=False):
-        d = p.head_dim
+        d, neox = p.head_dim, not p.interleaved
         if direction == "forward":
             q, k = p.tokens(p.q), p.tokens(p.k)
-            return lambda: apply_rope_with_cos_sin_cache(p.positions, q, k, d, p.cache,
+            return lambda: apply_rope_with_cos_sin_cache(p.positions, q, k, d, p.cache, neox,
                                                          validate=validate)
         gq, gk = p.tokens(p.gq), p.tokens(p.gk)
-        return lambda: rope_qk.rope_cos_sin_cache(p.positions, gq, gk, d, p.cache, backward=True)
+        return lambda: rope_qk.rope_cos_sin_cache(p.positions, gq, gk, d, p.cache, neox,
+                                                  backward=True)
 
     def inplace(p, direction):
+        neox = not p.interleaved
         if direction != "forward":  # the backward of the same job, as Liger's rope_backward
             gq, gk = p.tokens(p.gq), p.tokens(p.gk)
             return lambda: rope_qk.rope_cos_sin_cache(p.positions, gq, gk, p.head_dim, p.cache,
-                                                      query_out=gq, key_out=gk, backward=True)
+                                                      neox, query_out=gq, key_out=gk,
+                                                      backward=True)
         q, k = p.tokens(p.q), p.tokens(p.k)
         return lambda: apply_rope_with_cos_sin_cache_inplace(p.positions, q, k, p.head_dim,
-                                                             p.cache, validate=False)
+                                                             p.cache, neox, validate=False)
 
-    def hf_call(p, direction):
-        q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
-        if direction == "forward":
-            return lambda: hf.apply_rotary_pos_emb(q, k, p.cos, p.sin)
-        gq, gk = p.gq.transpose(1, 2), p.gk.transpose(1, 2)
-        return lambda: rope_qk.rope_cos_sin(gq, gk, p.cos, p.sin, 1, backward=True)
+    def hf_of(function, pairs, tables):
+        """One of hf's functions on the [b, h, s, d] views, given ``tables(p)`` -> its cos and
+        sin, or None where it does not apply; backward: the call its operator's backward makes."""
+        def make(p, direction):
+            cos_sin = tables(p)
+            if cos_sin is None:
+                return None
+            cos, sin = cos_sin
+            q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
+            if direction == "forward":
+                return lambda: function(q, k, cos, sin)
+            gq, gk = p.gq.transpose(1, 2), p.gk.transpose(1, 2)
+            return lambda: rope_qk.rope_cos_sin(gq, gk, cos, sin, 1, backward=True, pairs=pairs)
+        return make
 
     def eager(p, direction):
         if direction != "forward" or p.rotary_dim != p.head_dim:
             return None
         q, k = p.q.transpose(1, 2), p.k.transpose(1, 2)
+        if p.interleaved:
+            return lambda: _hf_formula(q, k, p.cos_pairs, p.sin_pairs, interleaved=True)
         return lambda: _hf_formula(q, k, p.cos, p.sin)
 
     impls = {
         "ours: cos_sin_cache, q+k one launch": cache,
         "ours: cos_sin_cache in place": inplace,
-        "ours: hf.apply_rotary_pos_emb, q+k one launch": hf_call,
+        "ours: hf.apply_rotary_pos_emb, q+k one launch": hf_of(
+            hf.apply_rotary_pos_emb, "half", lambda p: None if p.interleaved else (p.cos, p.sin)),
+        # Interleaved pairs: Cohere's function (cos and sin per channel, the whole head rotated)
+        # and GLM's (Llama's layout of cos and sin, partial rotary too).
+        "ours: hf.apply_rotary_pos_emb_interleaved (Cohere), q+k one launch": hf_of(
+            hf.apply_rotary_pos_emb_interleaved, "interleaved",
+            lambda p: ((p.cos_pairs, p.sin_pairs) if p.interleaved and p.rotary_dim == p.head_dim
+                       else None)),
+        "ours: hf.apply_rotary_pos_emb_glm, q+k one launch": hf_of(
+            hf.apply_rotary_pos_emb_glm, "glm", lambda p: (p.cos, p.sin) if p.interleaved else None),
         "torch eager (HF formula)": eager,
     }
     if decode:
@@ -601,8 +636,8 @@ def _liger_qk(float32_tables: bool = False):
         return None
 
     def make(p, direction):
-        if p.rotary_dim != p.head_dim:
-            return None  # Liger rotates whole heads only
+        if p.rotary_dim != p.head_dim or p.interleaved:
+            return None  # Liger rotates whole heads of half-split pairs only
         cos, sin = p.cos, p.sin
         if float32_tables:
             half = p.rotary_dim // 2
@@ -624,21 +659,23 @@ class QKVProblem:
     tensor_format = "qkv"
 
     def __init__(self, dtype="bf16", seq_len=4096, batch=16, heads=8, q_per_group=4, head_dim=128,
-                 rotary_percent=1.0, seed=0):
+                 rotary_percent=1.0, interleaved=False, seed=0):
         self.dtype_name, self.seq_len, self.batch, self.heads = dtype, seq_len, batch, heads
+        self.interleaved = interleaved
         self.n_q, self.head_dim = q_per_group, head_dim
         dtype = DTYPES[dtype]
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        self.qkv = torch.randn((seq_len, batch, heads, (q_per_group + 2) * head_dim), device="cuda",
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.qkv = torch.randn((seq_len, batch, heads, (q_per_group + 2) * head_dim), device=DEVICE,
                                dtype=dtype, generator=g)
         self.splits = [q_per_group * head_dim, head_dim, head_dim]
-        self.freqs = RotaryPositionEmbedding(head_dim, rotary_percent, device=torch.device("cuda"))(seq_len)
+        self.freqs = RotaryPositionEmbedding(head_dim, rotary_percent, interleaved=interleaved,
+                                             device=torch.device(DEVICE))(seq_len)
         self.rotary_dim = self.freqs.shape[-1]
         lead = (seq_len, batch)
-        self.grads = [torch.randn((*lead, heads * q_per_group, head_dim), device="cuda", dtype=dtype,
+        self.grads = [torch.randn((*lead, heads * q_per_group, head_dim), device=DEVICE, dtype=dtype,
                                   generator=g),
-                      torch.randn((*lead, heads, head_dim), device="cuda", dtype=dtype, generator=g),
-                      torch.randn((*lead, heads, head_dim), device="cuda", dtype=dtype, generator=g)]
+                      torch.randn((*lead, heads, head_dim), device=DEVICE, dtype=dtype, generator=g),
+                      torch.randn((*lead, heads, head_dim), device=DEVICE, dtype=dtype, generator=g)]
         self.n_seqs = batch
 
     @property
@@ -648,15 +685,17 @@ class QKVProblem:
     def row(self) -> dict:
         return dict(tensor_format="qkv", dtype=self.dtype_name, seq_len=self.seq_len,
                     batch=self.batch, heads=self.heads * self.n_q, k_heads=self.heads,
-                    head_dim=self.head_dim, rotary_dim=self.rotary_dim, n_seqs=self.batch)
+                    head_dim=self.head_dim, rotary_dim=self.rotary_dim, n_seqs=self.batch,
+                    interleaved=self.interleaved)
 
 
-def _unfused_qkv(qkv, freqs, splits):
+def _unfused_qkv(qkv, freqs, splits, interleaved=False):
     """TE's unfused recipe (what its test compares the fused kernel with): split, reshape q, two
     RoPE calls; v is returned as the split view."""
     q, k, v = torch.split(qkv, splits, dim=3)
     q = q.reshape(*q.shape[:2], -1, splits[1])
-    return rope_reference(q, freqs), rope_reference(k, freqs), v
+    return (rope_reference(q, freqs, interleaved=interleaved),
+            rope_reference(k, freqs, interleaved=interleaved), v)
 
 
 def qkv_implementations() -> dict:
@@ -666,20 +705,22 @@ def qkv_implementations() -> dict:
     def ours(p, direction):
         if direction == "forward":
             return lambda: apply_fused_qkv_rotary_pos_emb(p.qkv, p.freqs, p.freqs, p.splits,
+                                                          interleaved=p.interleaved,
                                                           validate=False)
-        return lambda: rope_qk.rope_qkv_backward(*p.grads, p.freqs, p.freqs, p.splits)
+        return lambda: rope_qk.rope_qkv_backward(*p.grads, p.freqs, p.freqs, p.splits,
+                                                 interleaved=p.interleaved)
 
     def eager(p, direction):
         if direction != "forward":
             return None
-        return lambda: _unfused_qkv(p.qkv, p.freqs, p.splits)
+        return lambda: _unfused_qkv(p.qkv, p.freqs, p.splits, p.interleaved)
 
     def compiled(p, direction):
         if direction != "forward" or p.dtype_name != "bf16":
             return None
         if "qkv" not in _compiled:
             _compiled["qkv"] = torch.compile(_unfused_qkv)
-        return lambda: _compiled["qkv"](p.qkv, p.freqs, p.splits)
+        return lambda: _compiled["qkv"](p.qkv, p.freqs, p.splits, p.interleaved)
 
     return {"ours: fused QKV, one launch": ours,
             "torch eager (TE unfused: split + 2 calls)": eager,
@@ -802,7 +843,14 @@ def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd",
                                      False))
                 jobs.append(("rotary_percent", dict(DEFAULT, n_seqs=256, rotary_percent=0.5),
                              fmt, dtype, False))
+                if mode != "quick" and dtype == "bf16":
+                    jobs.append(("interleaved", dict(DEFAULT, n_seqs=256, interleaved=True), fmt,
+                                 dtype, False))
                 continue
+            if mode != "quick" and dtype == "bf16":
+                # GPT-J's pairs (channels 2j and 2j+1) at TE's test default shape: one point,
+                # not a sweep (the kernels' other axes are the half-split pairs').
+                jobs.append(("interleaved", dict(DEFAULT, interleaved=True), fmt, dtype, False))
             for sweep, kw in sweeps(mode):
                 if dtype != "bf16" and sweep not in ("seq_len", "rotary_percent"):
                     continue  # other dtypes: the main axes only
@@ -818,12 +866,20 @@ def benchmark_jobs(mode: str = "full", formats: Iterable[str] = ("sbhd", "bshd",
                   + [("qk", dict(qk, head_dim=64)), ("qk", dict(qk, rotary_percent=0.5))])
         for dtype in (["bf16"] if mode == "quick" else ["bf16", "fp32"]):
             jobs += [("qk", kw, "qk", dtype, False) for _, kw in points]
+        if mode != "quick":
+            # Interleaved pairs (the cache's is_neox=False, Cohere's and GLM's functions).
+            jobs += [("interleaved", dict(kw, interleaved=True), "qk", dtype, False)
+                     for kw, dtype in ((qk, "bf16"), (dict(qk, seq_len=1024), "bf16"),
+                                       (dict(qk, head_dim=64), "bf16"),
+                                       (dict(qk, rotary_percent=0.5), "bf16"), (qk, "fp32"))]
         jobs.append(("decode", dict(qk, seq_len=1, batch=64), "qk", "bf16", True))
         qkv = dict(seq_len=4096, batch=8, heads=8, q_per_group=4, head_dim=128)
         for kw in ([qkv] if mode == "quick" else
                    [qkv, dict(qkv, seq_len=2048, batch=2, heads=64, q_per_group=4),
                     dict(qkv, q_per_group=1), dict(qkv, rotary_percent=0.5)]):
             jobs.append(("qkv", kw, "qkv", "bf16", False))
+        if mode != "quick":
+            jobs.append(("interleaved", dict(qkv, interleaved=True), "qkv", "bf16", False))
     return jobs
 
 
@@ -961,7 +1017,7 @@ def plot_all(df, prov: dict, out: pathlib.Path):
     import matplotlib.pyplot as plt
 
     te_rows = df[df["entry"].fillna("te") == "te"] if "entry" in df else df
-    for sweep in sorted(set(te_rows.sweep) - {"decode"}):
+    for sweep in sorted(set(te_rows.sweep) - {"decode", "interleaved"}):  # (the latter: points)
         fmt = "thd" if sweep.startswith("thd_n_seqs") else "sbhd"
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
         for ax, direction in zip(axes, ("forward", "backward")):
@@ -1022,18 +1078,22 @@ def compare_with_peers(df):
 
 
 def _normalised(df):
-    """Rows of older recordings (no entry, k_heads or copy_same_gbps column) as current ones."""
+    """Rows of older recordings (no entry, k_heads, copy_same_gbps or interleaved column) as
+    current ones."""
     df = df.assign(entry=df["entry"].fillna("te") if "entry" in df else "te",
-                   k_heads=df["k_heads"].fillna(0) if "k_heads" in df else 0)
+                   k_heads=df["k_heads"].fillna(0) if "k_heads" in df else 0,
+                   interleaved=(df["interleaved"].fillna(False).astype(bool)
+                                if "interleaved" in df else False))
     return df if "copy_same_gbps" in df else df.assign(copy_same_gbps=math.nan)
 
 
 PEER_KEYS = ["entry", "direction", "tensor_format", "dtype", "seq_len", "batch", "heads",
-             "k_heads", "head_dim", "rotary_dim", "n_seqs"]
+             "k_heads", "head_dim", "rotary_dim", "n_seqs", "interleaved"]
 
 
 def summary(df) -> str:
-    """Per entry point (TE-style, q+k, fused QKV), format, dtype and direction, on shapes that
+    """Per entry point (TE-style, q+k, fused QKV), format, dtype, direction and pairing
+    (``interleaved``: GPT-J's adjacent channels, else half-split), on shapes that
     move >= 256 MB and on all shapes: our kernel's fraction of the copy bandwidth (the 2 GB copy
     of the run) and of a copy of the same bytes (``copy_same_gbps``, where recorded), and its
     speed-up over the fastest peer doing the same job at each shape (``compare_with_peers``;
@@ -1042,7 +1102,7 @@ def summary(df) -> str:
     df = _normalised(df)
     joined = compare_with_peers(df)
     big = joined[joined.mbytes >= 256]
-    group = ["entry", "tensor_format", "dtype", "direction"]
+    group = ["entry", "tensor_format", "dtype", "direction", "interleaved"]
     table = joined.groupby(group).agg(copy_frac_all_min=("copy_frac", "min"),
                                       speedup_min=("speedup", "min"),
                                       speedup_any_min=("speedup_any", "min"))
@@ -1085,7 +1145,8 @@ def _shape(r) -> str:
     return (f"{r['tensor_format']} {r['dtype']} {r['direction']} s{int(r['seq_len'])} "
             f"b{int(r['batch'])} h{int(r['heads'])}{extra} d{int(r['head_dim'])} "
             f"rot{int(r['rotary_dim'])}"
-            + (f" n_seqs {int(r['n_seqs'])}" if r["tensor_format"] == "thd" else ""))
+            + (f" n_seqs {int(r['n_seqs'])}" if r["tensor_format"] == "thd" else "")
+            + (" interleaved" if r.get("interleaved", False) else ""))
 
 
 def show_recorded(folder: pathlib.Path = FIGURES) -> None:

@@ -319,6 +319,25 @@ def _store_pairs(ptr, offsets, y1, y2, mask):
 
 
 @triton.jit
+def _pass_channels(ptr, row_mask, rotary_dim, head_dim, INTERLEAVED: tl.constexpr,
+                   INT64: tl.constexpr, PASS: tl.constexpr):
+    """The channels past rotary_dim of a tile's rows [BLOCK_S, BLOCK_H, 1] (``row_mask``),
+    copied through: (base pointer, channel index [PASS], mask). With INTERLEAVED 2 they move as
+    words, like the pairs: the base reinterpreted as words, the index and its bound halved."""
+    if INTERLEAVED == 2:
+        p = rotary_dim // 2 + tl.arange(0, PASS)
+        p_mask = row_mask & (p < head_dim // 2)[None, None, :]
+        base = _as_words(ptr)
+    else:
+        p = rotary_dim + tl.arange(0, PASS)
+        p_mask = row_mask & (p < head_dim)[None, None, :]
+        base = ptr
+    if INT64:
+        p = p.to(tl.int64)
+    return base, p, p_mask
+
+
+@triton.jit
 def _load_tile(
     x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     x_s, x_b, x_g, x_u, x_d,
@@ -358,17 +377,8 @@ def _load_tile(
             x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
         xp = x1
         if PASS > 0:
-            # Channels past rotary_dim, copied through (as words with INTERLEAVED 2).
-            if INTERLEAVED == 2:
-                p = rotary_dim // 2 + tl.arange(0, PASS)
-                p_mask = row_mask & (p < head_dim // 2)[None, None, :]
-                base = _as_words(x_ptr)
-            else:
-                p = rotary_dim + tl.arange(0, PASS)
-                p_mask = row_mask & (p < head_dim)[None, None, :]
-                base = x_ptr
-            if INT64:
-                p = p.to(tl.int64)
+            base, p, p_mask = _pass_channels(x_ptr, row_mask, rotary_dim, head_dim, INTERLEAVED,
+                                             INT64, PASS)
             xp = tl.load(base + x_row + p[None, None, :] * x_d, mask=p_mask)
     return x1, x2, xp
 
@@ -418,16 +428,8 @@ def _store_tile(
             tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
                      mask=mask)
         if PASS > 0:
-            if INTERLEAVED == 2:
-                p = rotary_dim // 2 + tl.arange(0, PASS)
-                p_mask = row_mask & (p < head_dim // 2)[None, None, :]
-                base = _as_words(out_ptr)
-            else:
-                p = rotary_dim + tl.arange(0, PASS)
-                p_mask = row_mask & (p < head_dim)[None, None, :]
-                base = out_ptr
-            if INT64:
-                p = p.to(tl.int64)
+            base, p, p_mask = _pass_channels(out_ptr, row_mask, rotary_dim, head_dim, INTERLEAVED,
+                                             INT64, PASS)
             tl.store(base + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
 
 

@@ -74,6 +74,7 @@ def peer_leads(csv: pathlib.Path) -> list[dict]:
         point = {key: getattr(r, key) for key in bench.PEER_KEYS}
         for key in ("seq_len", "batch", "heads", "k_heads", "head_dim", "rotary_dim", "n_seqs"):
             point[key] = int(point[key])
+        point["interleaved"] = bool(point["interleaved"])
         point.update(peer=r.best_other, recorded_ratio=round(float(r.speedup), 4),
                      recorded_mbytes=round(float(r.mbytes), 1))
         points.append(point)
@@ -88,6 +89,8 @@ def problem_of(point: dict):
         kw["k_heads"] = point["k_heads"]
     if point["tensor_format"] == "thd":
         kw["n_seqs"] = point["n_seqs"]
+    if point.get("interleaved"):
+        kw["interleaved"] = True
     return bench.make_problem(point["tensor_format"], point["dtype"], kw)
 
 

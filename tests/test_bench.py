@@ -74,6 +74,24 @@ def test_rows_recorded_before_the_same_bytes_copy_still_summarise():
     assert "same bytes" not in line and f"{MB / 0.30 / 4000:.3f}" in line
 
 
+def test_pairings_are_separate_problems():
+    # The same shape with interleaved pairs is another job: flash-attn, faster there, does not
+    # count against our half-split call, nor the reverse; the summary names the pairing.
+    df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "flash-attn rotary (Triton)": 1.05})
+                      + rows({"triton-2d (ours)": 1.10, "flash-attn rotary (Triton)": 1.02},
+                             interleaved=True))
+    joined = bench.compare_with_peers(df)
+    assert sorted(joined.speedup.round(4)) == [round(1.02 / 1.10, 4), 1.05]
+    text, worst = table_and_worst(df)
+    ratio = [line for line in worst if "same job" in line][0]
+    assert f"{1.02 / 1.10:.3f} (flash-attn rotary (Triton))" in ratio and "interleaved" in ratio
+    table = text.split("\n\n")[0].splitlines()
+    assert [line.split()[-7] for line in table[-2:]] == ["False", "True"]  # a line per pairing
+    # Rows recorded before the column read as half-split.
+    old = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "flash-attn rotary (Triton)": 1.05}))
+    assert not bench.compare_with_peers(old).reset_index().interleaved.any()
+
+
 def test_copy_same_bytes_asks_for_half_the_bytes_each_way(monkeypatch):
     asked = []
     monkeypatch.setattr(bench, "copy_bandwidth_gbps", lambda nbytes: asked.append(nbytes) or 1.0)
