@@ -173,7 +173,10 @@ def test_first_target_is_the_recorded_run():
               & (df.gbps * df.ms >= 1000)]  # every call of ours but the 1-D kernel, from 1 GB
     short = mine[mine.gbps / mine.copy_gbps < 0.95]
     want += (f"At the {len(mine)} points of 1 GB or more", f"all but {len(short)} reach 0.95",)
-    assert set(short.impl) == {"ours: hf.apply_rotary_pos_emb, q+k one launch"}
+    # (the Hugging Face calls with part of the head rotated, whose results are transposed)
+    assert set(short.impl) <= {"ours: hf.apply_rotary_pos_emb, q+k one launch",
+                               "ours: hf.apply_rotary_pos_emb_glm, q+k one launch"}
+    assert (short.rotary_dim < short.head_dim).all()
     low = sorted(short.gbps / short.copy_gbps)
     want += (" / ".join(f"{v:.3f}" for v in low),)
     for words in want:
