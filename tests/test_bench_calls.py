@@ -1,10 +1,10 @@
-"""What the benchmark times is what it says: every call
-of every entry point's implementations, ours and the peers', forward and backward, at a small
-shape of each pairing and of partial rotary, against a float64 rotation of the problem's own
-input, compiled on a GPU and in the interpreter on a CPU. A call that rotated the wrong
-channels, or skipped the pass-through, would otherwise be timed and recorded as doing the job. (Left out: torch.compile's calls, which compile the eager
-formula checked here, seconds a compile; and CUDA-graph replays of calls checked here, whose
-warm-up rotates an in-place problem before the replay.)"""
+"""What the benchmark times is what it says: every call of every entry point's implementations,
+ours and the peers', forward and backward, at a small shape of each pairing and of partial
+rotary, against a float64 rotation of the problem's own input; compiled on a GPU, in the
+interpreter on a CPU. A call that rotated the wrong channels, or skipped the pass-through, would
+otherwise be timed and recorded as doing the job. (Left out: torch.compile's calls, which compile
+the eager formula checked here, seconds a compile; and CUDA-graph replays of calls checked here,
+whose warm-up rotates an in-place problem before the replay.)"""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import torch
 from rope_kernels import bench
 from rope_kernels.reference import rope_reference
 
+ATOL = 2e-5  # fp32 problems: a few float32 ulps of values of order 1 (sin/cos of fp32 angles)
+PAIRINGS = [dict(interleaved=False, rotary_percent=1.0), dict(interleaved=True, rotary_percent=1.0),
+            dict(interleaved=False, rotary_percent=0.5), dict(interleaved=True, rotary_percent=0.5)]
 
 
 @pytest.fixture(autouse=True)
@@ -21,10 +24,6 @@ def problems_here(monkeypatch):
     """The benchmark builds its problems on the GPU; without one, here (the interpreter)."""
     if not torch.cuda.is_available():
         monkeypatch.setattr(bench, "DEVICE", "cpu")
-
-ATOL = 2e-5  # fp32 problems: a few float32 ulps of values of order 1 (sin/cos of fp32 angles)
-PAIRINGS = [dict(interleaved=False, rotary_percent=1.0), dict(interleaved=True, rotary_percent=1.0),
-            dict(interleaved=False, rotary_percent=0.5), dict(interleaved=True, rotary_percent=0.5)]
 
 
 def _timed_calls(impls: dict, make_problem, direction: str):
@@ -76,9 +75,8 @@ def test_te_style_calls(fmt, pairing, direction):
             # tensors as its forward (the same bytes), returns (q, k, cos, sin)
             out = torch.cat(out[:2], dim=1).transpose(1, 2)
             if direction == "backward":
-                x_ = ref.t.double()
-                torch.testing.assert_close(out.double(), rope_reference(x_, angles, **ref.kwargs()),
-                                           atol=ATOL, rtol=0, msg=name)
+                on_t = rope_reference(ref.t.double(), angles, **ref.kwargs())
+                torch.testing.assert_close(out.double(), on_t, atol=ATOL, rtol=0, msg=name)
                 continue
         elif isinstance(out, tuple):  # autograd.grad
             (out,) = out
