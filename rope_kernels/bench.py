@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Optional
 import torch
 import triton
 
-from .reference import RotaryPositionEmbedding, rope_reference
+from .reference import RotaryPositionEmbedding, rope_reference, rotate_half
 from .rope_2d import rope_2d
 
 CHECKOUT = pathlib.Path(__file__).resolve().parents[1]  # the repository this package sits in
@@ -486,13 +486,9 @@ def missing_peers() -> list[str]:
 def _hf_formula(q, k, cos, sin, interleaved=False):
     """transformers' Llama formula in plain PyTorch: the eager baseline of the q+k problems
     (``interleaved``: Cohere's, channels 2j and 2j+1 paired, cos and sin repeat_interleaved)."""
-    def rot(x):
-        if interleaved:
-            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+    return (q * cos + rotate_half(q, interleaved) * sin,
+            k * cos + rotate_half(k, interleaved) * sin)
 
 
 class QKProblem:

@@ -13,6 +13,8 @@ import torch
 
 from rope_kernels import bench
 from rope_kernels.reference import rope_reference
+from test_qkv import _reference as qkv_reference
+from test_serving import reference as cache_reference
 
 ATOL = 2e-5  # fp32 problems: a few float32 ulps of values of order 1 (sin/cos of fp32 angles)
 PAIRINGS = [dict(interleaved=False, rotary_percent=1.0), dict(interleaved=True, rotary_percent=1.0),
@@ -40,21 +42,6 @@ def _timed_calls(impls: dict, make_problem, direction: str):
             ran.append((name, p, fn()))
     assert any("ours" in name for name, _, _ in ran)
     return ran
-
-
-def _rotate_rows(x, cos, sin, interleaved):
-    """float64 rotation of x [..., s, h, d] by cos/sin [s, rotary_dim/2]; channels past
-    rotary_dim copied."""
-    x = x.double()
-    half = cos.shape[-1]
-    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
-    idx1 = torch.arange(half, device=x.device) * (2 if interleaved else 1)
-    idx2 = idx1 + (1 if interleaved else half)
-    x1, x2 = x[..., idx1], x[..., idx2]
-    out = x.clone()
-    out[..., idx1] = x1 * c - x2 * s
-    out[..., idx2] = x2 * c + x1 * s
-    return out
 
 
 @pytest.mark.parametrize("pairing", PAIRINGS, ids=lambda p: f"{p}")
@@ -92,9 +79,8 @@ def test_qk_calls(pairing, direction):
 
     ref = make()
     q, k = (ref.q, ref.k) if direction == "forward" else (ref.gq, ref.gk)
-    half = ref.rotary_dim // 2
-    cos = ref.cache[: ref.seq_len, :half]
-    sin = ref.cache[: ref.seq_len, half:] * (1 if direction == "forward" else -1)
+    cos, sin = ref.cache.chunk(2, dim=-1)
+    cache = torch.cat((cos, sin * (1 if direction == "forward" else -1)), dim=-1)
     for name, p, out in _timed_calls(bench.qk_implementations(decode=True), make, direction):
         if out is None:  # in place
             out = (p.q, p.k) if direction == "forward" else (p.gq, p.gk)
@@ -106,7 +92,8 @@ def test_qk_calls(pairing, direction):
                 o = o.transpose(1, 2)
             got.append(o)
         for x, o in zip((q, k), got):
-            expected = _rotate_rows(x, cos, sin, p.interleaved)
+            expected = cache_reference(ref.positions, p.tokens(x), p.head_dim, cache,
+                                       not p.interleaved).view(x.shape)
             torch.testing.assert_close(o.double(), expected, atol=ATOL, rtol=0, msg=name)
 
 
@@ -119,12 +106,9 @@ def test_qkv_calls(pairing, direction):
 
     for name, p, out in _timed_calls(bench.qkv_implementations(), make, direction):
         angles = p.freqs.double()
-        d = p.head_dim
         if direction == "forward":  # (nothing in place: p's tensors are as made)
-            q, k, v = torch.split(p.qkv.double(), p.splits, dim=3)
-            q = q.reshape(*q.shape[:2], -1, d)
-            expected = (rope_reference(q, angles, interleaved=p.interleaved),
-                        rope_reference(k, angles, interleaved=p.interleaved), v)
+            expected = qkv_reference(p.qkv.double(), angles, angles, p.splits,
+                                     interleaved=p.interleaved)
             for o, e in zip(out, expected):
                 torch.testing.assert_close(o.double(), e, atol=ATOL, rtol=0, msg=name)
         else:
