@@ -496,6 +496,7 @@ def rope_qk_kernel(
     LOADS_FIRST: tl.constexpr,  # with ALL_HEADS, one block of q and one of k, no v: loads first
     SAME_TABLE: tl.constexpr,  # q and k read the same angle table (their cos/sin computed once)
     B_OUTER: tl.constexpr,  # batch elements are the outer axis in memory (bshd, HF's views)
+    TOKEN_BLOCKS_FASTEST: tl.constexpr,  # program order: token blocks, head blocks, batch
     HAS_POSITIONS: tl.constexpr,  # positions[s, b] give the table row (else s, + start)
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
@@ -520,7 +521,9 @@ def rope_qk_kernel(
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
     # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
-    # With ALL_HEADS a program loops over the head blocks of every part itself.
+    # With ALL_HEADS a program loops over the head blocks of every part itself. Where results are
+    # transposed against the inputs (TOKEN_BLOCKS_FASTEST), token blocks go fastest instead:
+    # programs that run side by side then write neighbouring tokens of the same heads.
     pid = tl.program_id(0)
     # Fused QKV passes its packed tensor whole, with where k and v start in it, rather than
     # views into it: every pointer argument is then one of the call's own tensors (the package's
@@ -529,18 +532,24 @@ def rope_qk_kernel(
     k_out_ptr += k_out_offset
     v_ptr += v_offset
     v_out_ptr += v_out_offset
-    if ALL_HEADS:
-        pid_h = 0
-        rest = pid
+    if TOKEN_BLOCKS_FASTEST:
+        pid_s = pid % s_blocks
+        rest = pid // s_blocks
+        pid_h = rest % part_blocks
+        pid_b = rest // part_blocks
     else:
-        pid_h = pid % part_blocks
-        rest = pid // part_blocks
-    if B_OUTER:
-        pid_s = rest % s_blocks
-        pid_b = rest // s_blocks
-    else:
-        pid_b = rest % batch
-        pid_s = rest // batch
+        if ALL_HEADS:
+            pid_h = 0
+            rest = pid
+        else:
+            pid_h = pid % part_blocks
+            rest = pid // part_blocks
+        if B_OUTER:
+            pid_s = rest % s_blocks
+            pid_b = rest // s_blocks
+        else:
+            pid_b = rest % batch
+            pid_s = rest // batch
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s_idx < seq_len
     if INT64:
@@ -653,6 +662,12 @@ TRANSPOSED_TILE = (4, 4)
 # the pair tiles on an H100, up to 11% slower on an H200 (scripts/qk_whole_rows.py,
 # figures/qk_whole_rows.json and figures/qk_whole_rows_h200.json; see default_config).
 WHOLE_ROWS = False
+# Results transposed against the inputs (Hugging Face's partial rotary on the transposed views
+# models hand over): token blocks are the fastest program axis, so programs running side by
+# side write neighbouring runs of each head's tokens, where head blocks fastest had them write
+# to as many heads, far apart. H200 (scripts/qk_transposed_order.py,
+# figures/qk_transposed_order_h200.json): see docs/performance_notes.md.
+TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -931,6 +946,10 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     loads_first = (all_heads and bool(cfg.get("loads_first", False)) and q_blocks == 1
                    and k_blocks == 1 and v is None)
     grid = (s_blocks * batch * (1 if all_heads else part_blocks), 1, 1)
+    # Transposed results in rows of 256 B or more: token blocks the fastest program axis (see
+    # TRANSPOSED_TOKEN_BLOCKS_FASTEST; with 128 B rows GLM's call lost 1.4-1.8% with it).
+    token_blocks_fastest = (TRANSPOSED_TOKEN_BLOCKS_FASTEST and transposed and not all_heads
+                            and _next_pow2(head_dim) * element_size >= 256)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
@@ -946,6 +965,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         LOADS_FIRST=loads_first,
         SAME_TABLE=bool(same_table),
         B_OUTER=abs(q_in[1]) > abs(q_in[0]),
+        TOKEN_BLOCKS_FASTEST=token_blocks_fastest,
         HAS_POSITIONS=has_positions,
         HAS_START=has_start,
         USE_CP=cp_size > 1,

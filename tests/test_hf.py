@@ -227,6 +227,39 @@ def test_partial_rotary_transposed_tiles(dtype, head_dim, seed, monkeypatch):
         assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_glm_transposed_token_blocks_fastest(dtype, seed, monkeypatch):
+    """GLM's partial rotary on the transposed views, heads of 128 (rows of 256 B or more): the
+    results are transposed, so token blocks are the programs' fastest axis; with the GPU's tiles
+    (one token x 8 heads, pairs read as words), in the interpreter too, 7 tokens and a half-masked
+    block of k. Results against transformers' function in float64, gradients against autograd
+    through it."""
+    real = rope_qk.default_config
+    monkeypatch.setattr(rope_qk, "default_config", lambda *a: real(*a[:5], True, *a[6:]))
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    b, s, hq, hk, d = 2, 7, 8, 4, 128
+    cos, sin = _cos_sin(modeling_glm.GlmRotaryEmbedding(_glm_config(head_dim=d)), b, s, dtype,
+                        seed)
+    assert cos.shape[-1] == d // 2
+    q = randn((b, s, hq, d), dtype, seed).transpose(1, 2).requires_grad_(True)
+    k = randn((b, s, hk, d), dtype, seed + 1).transpose(1, 2).requires_grad_(True)
+    ours = rope_kernels.hf.apply_rotary_pos_emb_glm(q, k, cos, sin)
+    (plan,) = rope_qk._PLANS.values()
+    c = plan.constexprs
+    assert (c["TOKEN_BLOCKS_FASTEST"], c["INTERLEAVED"], c["BLOCK_S"], c["BLOCK_H"]) == (
+        True, 2, 1, 8)
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    exact = modeling_glm.apply_rotary_pos_emb(q64, k64, cos.double(), sin.double())
+    for name, o, e in zip("qk", ours, exact):
+        assert o.is_contiguous(), name  # as GLM's function (torch.cat): transposed
+        assert_rope_close(o.detach(), e.detach(), dtype, name)
+    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
+    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
+    sum((e * w.to(dtype).double()).sum() for e, w in zip(exact, weights)).backward()
+    for name, x, x64 in (("q", q, q64), ("k", k, k64)):
+        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
+
+
 def _logits_and_grads(model, ids):
     model.zero_grad()
     out = model(input_ids=ids, labels=ids)

@@ -487,7 +487,8 @@ def test_default_config_fused_qkv():
 def test_plan_sees_transposed_outputs(monkeypatch):
     """What ``_plan`` passes default_config as ``transposed``: true only where the results' tokens
     and heads are in the other memory order than the inputs' (Hugging Face's partial rotary on
-    the transposed views models hand over)."""
+    the transposed views models hand over); there, with rows of 256 B or more, token blocks are
+    the programs' fastest axis (``TOKEN_BLOCKS_FASTEST``), and nowhere else."""
     seen = []
     real = rope_qk.default_config
 
@@ -497,7 +498,7 @@ def test_plan_sees_transposed_outputs(monkeypatch):
 
     monkeypatch.setattr(rope_qk, "default_config", spy)
     monkeypatch.setattr(rope_qk, "_PLANS", {})
-    b, s, hq, hk, d = 2, 5, 4, 4, 16
+    b, s, hq, hk, d = 2, 5, 4, 4, 64  # float32: rows of 256 B
     q_mem, k_mem = randn((b, s, hq, d), torch.float32, 0), randn((b, s, hk, d), torch.float32, 1)
     angles = randn((b, s, d // 2), torch.float32, 2)
 
@@ -505,17 +506,26 @@ def test_plan_sees_transposed_outputs(monkeypatch):
         emb = torch.cat((angles[..., : r // 2], angles[..., : r // 2]), -1)
         return emb.cos(), emb.sin()
 
-    cases = [  # (q, k, rotary_dim, heads_axis, transposed)
-        (q_mem.transpose(1, 2), k_mem.transpose(1, 2), 8, 1, True),
-        (q_mem.transpose(1, 2), k_mem.transpose(1, 2), d, 1, False),  # results like the inputs
-        (q_mem.transpose(1, 2).contiguous(), k_mem.transpose(1, 2).contiguous(), 8, 1, False),
-        (q_mem, k_mem, 8, 2, False),
+    def token_blocks_fastest():
+        return [plan.constexprs["TOKEN_BLOCKS_FASTEST"] for plan in rope_qk._PLANS.values()]
+
+    narrow = lambda x: x[..., : d // 2].to(torch.bfloat16)  # noqa: E731 (rows of 64 B)
+    cases = [  # (q, k, rotary_dim, heads_axis, transposed, token blocks fastest)
+        (q_mem.transpose(1, 2), k_mem.transpose(1, 2), 8, 1, True, True),
+        (narrow(q_mem).transpose(1, 2), narrow(k_mem).transpose(1, 2), 8, 1, True, False),
+        (q_mem.transpose(1, 2), k_mem.transpose(1, 2), d, 1, False, False),  # as the inputs
+        (q_mem.transpose(1, 2).contiguous(), k_mem.transpose(1, 2).contiguous(), 8, 1, False,
+         False),
+        (q_mem, k_mem, 8, 2, False, False),
     ]
-    for q, k, r, axis, transposed in cases:
+    for q, k, r, axis, transposed, fastest in cases:
         seen.clear()
+        rope_qk._PLANS.clear()
         rope_qk.rope_cos_sin(q, k, *tables(r), axis)
         assert seen == [transposed], (q.stride(), r, axis)
+        assert token_blocks_fastest() == [fastest], (q.stride(), q.dtype, r, axis)
     seen.clear()
+    rope_qk._PLANS.clear()
     positions = torch.arange(s, device=DEVICE)
     rope_qk.rope_cos_sin_cache(positions, q_mem[0].reshape(s, -1), k_mem[0].reshape(s, -1), d,
                                make_cache(8, 8))
@@ -523,6 +533,7 @@ def test_plan_sees_transposed_outputs(monkeypatch):
     rope_qk.rope_qkv(qkv, RotaryPositionEmbedding(8, device=DEVICE)(s),
                      RotaryPositionEmbedding(8, device=DEVICE)(s), [d, d, d])
     assert seen == [False, False]
+    assert token_blocks_fastest() == [False, False]
 
 
 @pytest.mark.parametrize("backward", [False, True])
