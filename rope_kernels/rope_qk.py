@@ -663,10 +663,13 @@ TRANSPOSED_TILE = (4, 4)
 # figures/qk_whole_rows.json and figures/qk_whole_rows_h200.json; see default_config).
 WHOLE_ROWS = False
 # Results transposed against the inputs (Hugging Face's partial rotary on the transposed views
-# models hand over): token blocks are the fastest program axis, so programs running side by
-# side write neighbouring runs of each head's tokens, where head blocks fastest had them write
-# to as many heads, far apart. H200 (scripts/qk_transposed_order.py,
-# figures/qk_transposed_order_h200.json): see docs/performance_notes.md.
+# models hand over), rows of 256 B or more: token blocks are the fastest program axis, so
+# programs running side by side write neighbouring runs of each head's tokens, where head blocks
+# fastest had them write to as many heads, far apart. scripts/qk_transposed_order.py, 7 shuffled
+# rounds: on an H200 (figures/qk_transposed_order_h200.json) bf16 32q/8k, half rotary, GPT-NeoX's
+# call 0.946 -> 0.955 of copy forward, 0.947 -> 0.952 backward, GLM's 0.942 -> 0.958 / 0.941 ->
+# 0.957, -0.5% to +2.7% at its 15 other shapes of such rows; with 128 B rows GLM's lost 1.4-1.8%.
+# On an H100 (figures/qk_transposed_order_h100.json) level, -0.6% to +1.0%.
 TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
 
 
@@ -947,7 +950,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
                    and k_blocks == 1 and v is None)
     grid = (s_blocks * batch * (1 if all_heads else part_blocks), 1, 1)
     # Transposed results in rows of 256 B or more: token blocks the fastest program axis (see
-    # TRANSPOSED_TOKEN_BLOCKS_FASTEST; with 128 B rows GLM's call lost 1.4-1.8% with it).
+    # TRANSPOSED_TOKEN_BLOCKS_FASTEST).
     token_blocks_fastest = (TRANSPOSED_TOKEN_BLOCKS_FASTEST and transposed and not all_heads
                             and _next_pow2(head_dim) * element_size >= 256)
     parts = [q, k] + ([v] if v is not None else [])
