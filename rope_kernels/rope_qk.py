@@ -667,8 +667,9 @@ WHOLE_ROWS = False
 # programs running side by side write neighbouring runs of each head's tokens, where head blocks
 # fastest had them write to as many heads, far apart. scripts/qk_transposed_order.py, 7 shuffled
 # rounds: on an H200 (figures/qk_transposed_order_h200.json) bf16 32q/8k, half rotary, GPT-NeoX's
-# call 0.946 -> 0.955 of copy forward, 0.947 -> 0.952 backward, GLM's 0.942 -> 0.958 / 0.941 ->
-# 0.957, -0.5% to +2.7% at its 15 other shapes of such rows; with 128 B rows GLM's lost 1.4-1.8%.
+# call 0.946 -> 0.954 of copy forward, 0.948 -> 0.952 backward, GLM's 0.942 -> 0.958 / 0.942 ->
+# 0.957, -0.3% to +2.7% at its 15 other shapes of such rows; with 128 B rows GLM's lost 1.4-1.8%
+# in a first recording (the order at every row width).
 # On an H100 (figures/qk_transposed_order_h100.json) level, -0.6% to +1.0%.
 TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
 
