@@ -8,7 +8,9 @@ each program reads a run of heads of each of its tokens and writes a run of toke
 heads. With head blocks as the fastest program axis (the order of every other call), programs
 that run side by side write to as many heads, each far from the others in the results; with
 token blocks fastest (``rope_qk.TRANSPOSED_TOKEN_BLOCKS_FASTEST``, the default since this
-script) they write neighbouring tokens of the same heads. Same tiles on both sides.
+script) they write neighbouring tokens of the same heads. Same tiles on both sides. The package
+takes that order in rows of 256 B or more only, so at head_dim 64 in 16-bit both sides take the
+same plan (a control, as the whole head rotated is).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``TRANSPOSED_TOKEN_BLOCKS_FASTEST = False``, both launched through the package's thin
