@@ -188,17 +188,23 @@ def test_one_launch_and_gradient(seed, monkeypatch):
     torch.testing.assert_close(k.grad, k2.grad)
 
 
+@pytest.fixture
+def gpu_plans(monkeypatch):
+    """rope_qk plans the tiles a GPU takes (``default_config``'s ``on_gpu``), in the interpreter
+    too, from an empty plan cache (the test reads its one plan from ``rope_qk._PLANS``)."""
+    real = rope_qk.default_config
+    monkeypatch.setattr(rope_qk, "default_config", lambda *a: real(*a[:5], True, *a[6:]))
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_partial_rotary_transposed_tiles(dtype, head_dim, seed, monkeypatch):
+def test_partial_rotary_transposed_tiles(dtype, head_dim, seed, gpu_plans):
     """GPT-NeoX's partial rotary on the transposed views models hand over, whose contiguous
     results are transposed against them: the tiles a GPU takes there (whole rows, 4 tokens x 4
     heads: test_default_config_transposed), in the interpreter too; 7 tokens leave a masked tile.
     Results against transformers' function and the float64 formula, gradients against autograd
     through the float64 formula."""
-    real = rope_qk.default_config
-    monkeypatch.setattr(rope_qk, "default_config", lambda *a: real(*a[:5], True, *a[6:]))
-    monkeypatch.setattr(rope_qk, "_PLANS", {})
     b, s, hq, hk = 2, 7, 8, 4
     config = transformers.GPTNeoXConfig(vocab_size=96, hidden_size=hq * head_dim,
                                         intermediate_size=96, num_hidden_layers=1,
@@ -228,15 +234,12 @@ def test_partial_rotary_transposed_tiles(dtype, head_dim, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_glm_transposed_token_blocks_fastest(dtype, seed, monkeypatch):
+def test_glm_transposed_token_blocks_fastest(dtype, seed, gpu_plans):
     """GLM's partial rotary on the transposed views, heads of 128 (rows of 256 B or more): the
     results are transposed, so token blocks are the programs' fastest axis; with the GPU's tiles
     (one token x 8 heads, pairs read as words), in the interpreter too, 7 tokens and a half-masked
     block of k. Results against transformers' function in float64, gradients against autograd
     through it."""
-    real = rope_qk.default_config
-    monkeypatch.setattr(rope_qk, "default_config", lambda *a: real(*a[:5], True, *a[6:]))
-    monkeypatch.setattr(rope_qk, "_PLANS", {})
     b, s, hq, hk, d = 2, 7, 8, 4, 128
     cos, sin = _cos_sin(modeling_glm.GlmRotaryEmbedding(_glm_config(head_dim=d)), b, s, dtype,
                         seed)
