@@ -172,12 +172,15 @@ def test_first_target_is_the_recorded_run():
     mine = df[df.impl.str.contains("ours") & ~df.impl.str.contains("1d")
               & (df.gbps * df.ms >= 1000)]  # every call of ours but the 1-D kernel, from 1 GB
     short = mine[mine.gbps / mine.copy_gbps < 0.95]
-    want += (f"At the {len(mine)} points of 1 GB or more", f"all but {len(short)} reach 0.95",)
-    # (the Hugging Face calls with part of the head rotated, whose results are transposed)
-    assert set(short.impl) <= {"ours: hf.apply_rotary_pos_emb, q+k one launch",
-                               "ours: hf.apply_rotary_pos_emb_glm, q+k one launch"}
-    assert (short.rotary_dim < short.head_dim).all()
-    low = sorted(short.gbps / short.copy_gbps)
-    want += (" / ".join(f"{v:.3f}" for v in low),)
+    want += (f"At the {len(mine)} points of 1 GB or more",)
+    if len(short):
+        want += (f"all but {len(short)} reach 0.95",)
+        # (only ever the Hugging Face calls with part of the head rotated, results transposed)
+        assert set(short.impl) <= {"ours: hf.apply_rotary_pos_emb, q+k one launch",
+                                   "ours: hf.apply_rotary_pos_emb_glm, q+k one launch"}
+        assert (short.rotary_dim < short.head_dim).all()
+        want += (" / ".join(f"{v:.3f}" for v in sorted(short.gbps / short.copy_gbps)),)
+    else:
+        want += (f"every one reaches 0.95, the lowest {(mine.gbps / mine.copy_gbps).min():.3f}",)
     for words in want:
         assert words in row[1], (words, row[1])
