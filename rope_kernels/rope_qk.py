@@ -672,6 +672,10 @@ WHOLE_ROWS = False
 # in a first recording (the order at every row width).
 # On an H100 (figures/qk_transposed_order_h100.json) level, -0.6% to +1.0%.
 TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
+# Hugging Face's interleaved pairings (Cohere's and GLM's calls) read as words in 128 B rows
+# (head_dim 64 in 16-bit), the whole head rotated: loads first on 2 warps where q fills 4 KB a
+# token, 2 tokens x 8 heads on 2 warps where it fills 2 KB (see default_config).
+WORDS_128B_HF_TILES = True
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -797,7 +801,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     if words:
         # Interleaved pairs read as one word each load like half-split ones. At head_dim 65-128
         # on a GPU: one token's 8 heads a program, a warp per KB of them (2 warps in 16-bit, 4
-        # in float32); elsewhere the half-split pairs' rules. scripts/qk_pairs_as_words.py,
+        # in float32); Hugging Face's tables at head_dim 64 in 16-bit: below; elsewhere the
+        # half-split pairs' rules. scripts/qk_pairs_as_words.py,
         # figures/qk_pairs_as_words_h200.json (H200, 3 shuffled rounds, bf16 32q/8k heads of
         # 128, 16 x 4096 tokens unless said), forward, of copy, split tile -> words: the cache
         # 0.710 -> 0.976, Cohere's call 0.731 -> 0.982, GLM's 0.802 -> 0.976, fused QKV 0.719
@@ -808,6 +813,24 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         if on_gpu and width == 128:
             return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)),
                         num_warps=max(1, 8 * row // 1024), all_heads=False)
+        # Hugging Face's tables (Cohere's and GLM's calls) at head_dim 64 in 16-bit, the whole
+        # head rotated, k under 2 KB a token. A probe of 17 tiles (H200, 5 shuffled rounds, bf16,
+        # 16 x 4096 tokens, forward / backward, of copy): at 32q/8k loads first on 2 warps took
+        # GLM's call from 0.916 / 0.921 (8 x 8 on 4 warps, the half-split rules') to 0.958 /
+        # 0.952 and Cohere's from 0.932 / 0.933 (loads first on 4) to 0.955 / 0.960, within 0.5
+        # points of the best tile (one token x 16 heads on 2 warps: 0.863 for Cohere's); at 16q/4k
+        # 2 x 8 on 2 warps took Cohere's from 0.747 / 0.740 to 0.922 / 0.925 and GLM's from
+        # 0.898 / 0.893 to 0.923 / 0.919, within 0.3 points of the best there. The cache
+        # (is_neox=False) keeps its all-heads program (0.955, the best), float32 its tile.
+        # Recorded against the rules before: scripts/qk_words_hd64.py.
+        if (WORDS_128B_HF_TILES and on_gpu and element_size == 2 and width == 64
+                and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"])
+                and rotary_dim in (None, head_dim) and k_heads * row < 2048):
+            if q_heads * row == 4096:
+                return _loads_first(q_heads, k_heads, num_warps=2)
+            if q_heads * row == 2048:
+                return dict(block_s=min(2, _next_pow2(max(1, seq_len))), block_h=8,
+                            num_warps=2, all_heads=False)
         interleaved = False
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)

@@ -263,6 +263,42 @@ def test_glm_transposed_token_blocks_fastest(dtype, seed, gpu_plans):
         assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
 
 
+@pytest.mark.parametrize("family", ["cohere", "helium"])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 4)])
+def test_words_in_128_byte_rows_gpu_tiles(family, heads, seed, gpu_plans):
+    """Cohere's and Helium's (GLM's pairing, the whole head) calls at head_dim 64 in bf16 with the
+    tiles a GPU takes there (``WORDS_128B_HF_TILES``: loads first on 2 warps at 32 q heads, 2
+    tokens x 8 heads at 16, whose k block is half masked), in the interpreter too; 7 tokens leave
+    a masked token. Against transformers' function in float64, gradients against autograd
+    through it."""
+    module, _, fn = INTERLEAVED[family]
+    (hq, hk), b, s, d, dtype = heads, 2, 7, 64, torch.bfloat16
+    config = (transformers.CohereConfig(**dict(_SMALL, hidden_size=4 * d)) if family == "cohere"
+              else _helium_config(head_dim=d))
+    rotary = (modeling_cohere.CohereRotaryEmbedding if family == "cohere"
+              else modeling_helium.HeliumRotaryEmbedding)(config)
+    cos, sin = _cos_sin(rotary, b, s, dtype, seed)
+    assert cos.shape[-1] == d
+    q = randn((b, s, hq, d), dtype, seed).transpose(1, 2).requires_grad_(True)
+    k = randn((b, s, hk, d), dtype, seed + 1).transpose(1, 2).requires_grad_(True)
+    ours = fn(q, k, cos, sin)
+    (plan,) = rope_qk._PLANS.values()
+    c = plan.constexprs
+    want = (1, hq, True, 2) if hq == 32 else (2, 8, False, 2)
+    assert (c["BLOCK_S"], c["BLOCK_H"], c["LOADS_FIRST"], plan.num_warps) == want
+    assert c["INTERLEAVED"] == 2  # pairs read as words
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    exact = module.apply_rotary_pos_emb(q64, k64, cos.double(), sin.double())
+    for name, o, e in zip("qk", ours, exact):
+        assert _layout(o) == _layout(e), name
+        assert_rope_close(o.detach(), e.detach(), dtype, name)
+    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
+    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
+    sum((e * w.to(dtype).double()).sum() for e, w in zip(exact, weights)).backward()
+    for name, x, x64 in (("q", q, q64), ("k", k, k64)):
+        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
+
+
 def _logits_and_grads(model, ids):
     model.zero_grad()
     out = model(input_ids=ids, labels=ids)

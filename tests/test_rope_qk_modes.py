@@ -282,7 +282,9 @@ def test_default_config_of_interleaved_hugging_face_tables():
 def test_default_config_of_pairs_as_words():
     """Interleaved pairs read as words: at head_dim 65 to 128 (rows of 128 channels) on a GPU, one
     token's 8 heads a program, a warp per KB (2 warps in 16-bit, 4 in float32), for every table;
+    Hugging Face's tables at head_dim 64 in 16-bit: test_default_config_of_words_in_128_byte_rows;
     elsewhere the tile the same call gets for half-split pairs (scripts/qk_pairs_as_words.py)."""
+    hf_tables = (rope_qk.ANGLES["cos_sin"], rope_qk.ANGLES["cos_sin_half"])
     for angles in rope_qk.ANGLES.values():
         for element_size, warps in ((2, 2), (4, 4)):
             for q_heads, block_h in ((32, 8), (4, 4)):
@@ -290,12 +292,56 @@ def test_default_config_of_pairs_as_words():
                     args = (4096, q_heads, 4, head_dim, element_size, True, True, angles)
                     assert rope_qk.default_config(*args, words=True) == dict(
                         block_s=1, block_h=block_h, num_warps=warps, all_heads=False), args
-        for head_dim, element_size, on_gpu in ((64, 2, True), (256, 2, True), (128, 2, False)):
+        for head_dim, element_size, on_gpu in ((64, 2, True), (64, 4, True), (256, 2, True),
+                                               (128, 2, False)):
+            if (head_dim, element_size, on_gpu) == (64, 2, True) and angles in hf_tables:
+                continue
             for in_place in (False, True):
                 args = (4096, 32, 8, head_dim, element_size, on_gpu)
                 rest = (angles, head_dim, in_place, False)
                 assert (rope_qk.default_config(*args, True, *rest, words=True)
                         == rope_qk.default_config(*args, False, *rest)), (args, rest)
+
+
+def test_default_config_of_words_in_128_byte_rows(monkeypatch):
+    """Cohere's and GLM's calls (Hugging Face's tables, pairs read as words) at head_dim 64 in
+    16-bit, the whole head rotated, k under 2 KB a token, on a GPU: loads first on 2 warps where
+    q fills 4 KB a token, 2 tokens x 8 heads on 2 warps where it fills 2 KB
+    (``WORDS_128B_HF_TILES``). Other head counts, part of the head rotated, float32, split pairs,
+    the cache and the interpreter keep the rules before; so does the flag turned off."""
+    def config(q_heads, k_heads, angles=rope_qk.ANGLES["cos_sin"], rotary_dim=64, esize=2,
+               on_gpu=True, words=True, seq_len=4096):
+        return rope_qk.default_config(seq_len, q_heads, k_heads, 64, esize, on_gpu, True, angles,
+                                      rotary_dim, False, False, words)
+
+    loads_first = dict(block_s=1, block_h=32, block_hk=8, num_warps=2, all_heads=True,
+                       loads_first=True)
+    for angles in (rope_qk.ANGLES["cos_sin"], rope_qk.ANGLES["cos_sin_half"]):
+        for rotary_dim in (64, None):
+            assert config(32, 8, angles, rotary_dim) == loads_first, (angles, rotary_dim)
+            assert config(32, 4, angles, rotary_dim) == dict(loads_first, block_hk=4)
+            for k_heads in (4, 8):
+                assert config(16, k_heads, angles, rotary_dim) == dict(
+                    block_s=2, block_h=8, num_warps=2, all_heads=False), (angles, k_heads)
+        assert config(16, 4, angles, seq_len=1)["block_s"] == 1
+        for case in (dict(q_heads=32, k_heads=16), dict(q_heads=64, k_heads=8),
+                     dict(q_heads=8, k_heads=8), dict(q_heads=32, k_heads=8, rotary_dim=32),
+                     dict(q_heads=32, k_heads=8, esize=4),
+                     dict(q_heads=32, k_heads=8, words=False),
+                     dict(q_heads=32, k_heads=8, on_gpu=False),
+                     dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"])):
+            case = dict(dict(angles=angles), **case)
+            got = config(**case)
+            assert got not in (loads_first, dict(block_s=2, block_h=8, num_warps=2,
+                                                 all_heads=False)), (case, got)
+        # Turned off: the half-split pairs' rules, as before it.
+        monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
+        for q_heads, k_heads in ((32, 8), (16, 4)):
+            half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False,
+                                                angles, 64, False, False)
+            assert config(q_heads, k_heads, angles) == half_split, (angles, q_heads)
+        assert config(32, 8, angles) != loads_first
+        monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", True)
 
 
 def test_default_config_of_the_cache_in_place(monkeypatch):
