@@ -674,7 +674,7 @@ WHOLE_ROWS = False
 TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
 # Hugging Face's interleaved pairings (Cohere's and GLM's calls) read as words in 128 B rows
 # (head_dim 64 in 16-bit), the whole head rotated: loads first on 2 warps where q fills 4 KB a
-# token, 2 tokens x 8 heads on 2 warps where it fills 2 KB (see default_config).
+# token, else 2 tokens x 8 heads on 2 warps (4 x 4 with 1-3 k heads) (see default_config).
 WORDS_128B_HF_TILES = True
 
 
@@ -814,23 +814,28 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
             return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)),
                         num_warps=max(1, 8 * row // 1024), all_heads=False)
         # Hugging Face's tables (Cohere's and GLM's calls) at head_dim 64 in 16-bit, the whole
-        # head rotated, k under 2 KB a token. A probe of 17 tiles (H200, 5 shuffled rounds, bf16,
-        # 16 x 4096 tokens, forward / backward, of copy): at 32q/8k loads first on 2 warps took
-        # GLM's call from 0.916 / 0.921 (8 x 8 on 4 warps, the half-split rules') to 0.958 /
-        # 0.952 and Cohere's from 0.932 / 0.933 (loads first on 4) to 0.955 / 0.960, within 0.5
-        # points of the best tile (one token x 16 heads on 2 warps: 0.863 for Cohere's); at 16q/4k
-        # 2 x 8 on 2 warps took Cohere's from 0.747 / 0.740 to 0.922 / 0.925 and GLM's from
-        # 0.898 / 0.893 to 0.923 / 0.919, within 0.3 points of the best there. The cache
+        # head rotated, k under 2 KB a token, q at most 4 KB. Probes of 17-23 tiles (H200, 5
+        # shuffled rounds, bf16, 16 x 4096 tokens, forward / backward, of copy) against the
+        # half-split rules these calls took (GLM's table mode 8 x 8 on 4 warps, Cohere's loads
+        # first on 4): where q fills 4 KB a token (32 heads), loads first on 2 warps, GLM's 0.916
+        # / 0.921 -> 0.958 / 0.952, Cohere's 0.932 / 0.933 -> 0.955 / 0.960, within 0.5 points of
+        # the best tile; with fewer q heads and 4 k heads or more, 2 tokens x 8 heads on 2 warps,
+        # Cohere's 0.747 / 0.740 -> 0.922 / 0.925 at 16q/4k, 0.797 / 0.780 -> 0.904 / 0.910 at
+        # 8q/8k, 0.870 / 0.868 -> 0.951 / 0.955 at 24q/8k (GLM's +1.1 to +3.3 points), within 0.5
+        # points of the best; with 1-3 k heads 4 tokens x 4 heads on 2 warps (an 8-head block
+        # would be mostly masked k), Cohere's 0.453 / 0.450 -> 0.826 / 0.827 and GLM's 0.761 /
+        # 0.755 -> 0.853 / 0.858 at 8q/2k, within 0.8 points of the best. The cache
         # (is_neox=False) keeps its all-heads program (0.955, the best), float32 its tile.
         # Recorded against the rules before: scripts/qk_words_hd64.py.
         if (WORDS_128B_HF_TILES and on_gpu and element_size == 2 and width == 64
                 and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"])
-                and rotary_dim in (None, head_dim) and k_heads * row < 2048):
+                and rotary_dim in (None, head_dim) and k_heads * row < 2048
+                and q_heads * row <= 4096):
             if q_heads * row == 4096:
                 return _loads_first(q_heads, k_heads, num_warps=2)
-            if q_heads * row == 2048:
-                return dict(block_s=min(2, _next_pow2(max(1, seq_len))), block_h=8,
-                            num_warps=2, all_heads=False)
+            block_s, block_h = (2, 8) if k_heads >= 4 else (4, 4)
+            return dict(block_s=min(block_s, _next_pow2(max(1, seq_len))), block_h=block_h,
+                        num_warps=2, all_heads=False)
         interleaved = False
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)

@@ -7,8 +7,9 @@ Hugging Face's interleaved pairings (Cohere's function, GLM's and its family's) 
 pair as one word (``INTERLEAVED`` 2). At head_dim 64 in 16-bit (128 B rows) with the whole head
 rotated they took the half-split pairs' tile rules, which suit neither: GLM's table mode got 8
 tokens x 8 heads on 4 warps, Cohere's loads first on 4 warps. ``rope_qk.WORDS_128B_HF_TILES``
-(the default since this script) gives them loads first on 2 warps where q fills 4 KB a token and
-2 tokens x 8 heads on 2 warps where it fills 2 KB (``default_config``).
+(the default since this script) gives them, where k is under 2 KB and q at most 4 KB a token,
+loads first on 2 warps where q fills 4 KB, else 2 tokens x 8 heads on 2 warps, 4 x 4 with 1-3 k
+heads (``default_config``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``WORDS_128B_HF_TILES = False``, both launched through the package's thin launch,
@@ -45,12 +46,13 @@ from qk_table_hint import medians, module_copy  # noqa: E402
 # rotated unless said.
 SHAPES = {
     "32q/8k": {}, "32q/8k fp16": dict(dtype="fp16"), "32q/4k": dict(k_heads=4),
-    "16q/4k": dict(heads=16, k_heads=4), "16q/8k": dict(heads=16, k_heads=8),
-    "16q/2k": dict(heads=16, k_heads=2), "batch 4": dict(batch=4), "batch 1": dict(batch=1),
-    "1024 tokens": dict(seq_len=1024),
+    "32q/2k": dict(k_heads=2), "24q/8k": dict(heads=24), "16q/8k": dict(heads=16, k_heads=8),
+    "16q/4k": dict(heads=16, k_heads=4), "16q/2k": dict(heads=16, k_heads=2),
+    "8q/8k": dict(heads=8), "8q/2k": dict(heads=8, k_heads=2), "batch 4": dict(batch=4),
+    "batch 1": dict(batch=1), "1024 tokens": dict(seq_len=1024),
     # controls: the rules before on both sides
     "64q/8k, batch 8 (control)": dict(heads=64, batch=8),
-    "8q/8k (control)": dict(heads=8),
+    "32q/16k (control)": dict(k_heads=16),
     "half rotary (control)": dict(rotary_percent=0.5),
     "fp32 (control)": dict(dtype="fp32"),
 }

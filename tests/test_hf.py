@@ -264,12 +264,12 @@ def test_glm_transposed_token_blocks_fastest(dtype, seed, gpu_plans):
 
 
 @pytest.mark.parametrize("family", ["cohere", "helium"])
-@pytest.mark.parametrize("heads", [(32, 8), (16, 4)])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 4), (8, 2)])
 def test_words_in_128_byte_rows_gpu_tiles(family, heads, seed, gpu_plans):
     """Cohere's and Helium's (GLM's pairing, the whole head) calls at head_dim 64 in bf16 with the
     tiles a GPU takes there (``WORDS_128B_HF_TILES``: loads first on 2 warps at 32 q heads, 2
-    tokens x 8 heads at 16, whose k block is half masked), in the interpreter too; 7 tokens leave
-    a masked token. Against transformers' function in float64, gradients against autograd
+    tokens x 8 heads at 16, whose k block is half masked, 4 x 4 with 2 k heads), in the
+    interpreter too; 7 tokens leave a masked token. Against transformers' function in float64, gradients against autograd
     through it."""
     module, _, fn = INTERLEAVED[family]
     (hq, hk), b, s, d, dtype = heads, 2, 7, 64, torch.bfloat16
@@ -284,7 +284,7 @@ def test_words_in_128_byte_rows_gpu_tiles(family, heads, seed, gpu_plans):
     ours = fn(q, k, cos, sin)
     (plan,) = rope_qk._PLANS.values()
     c = plan.constexprs
-    want = (1, hq, True, 2) if hq == 32 else (2, 8, False, 2)
+    want = {32: (1, hq, True, 2), 16: (2, 8, False, 2), 8: (4, 4, False, 2)}[hq]
     assert (c["BLOCK_S"], c["BLOCK_H"], c["LOADS_FIRST"], plan.num_warps) == want
     assert c["INTERLEAVED"] == 2  # pairs read as words
     q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))

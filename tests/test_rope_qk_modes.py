@@ -305,41 +305,47 @@ def test_default_config_of_pairs_as_words():
 
 def test_default_config_of_words_in_128_byte_rows(monkeypatch):
     """Cohere's and GLM's calls (Hugging Face's tables, pairs read as words) at head_dim 64 in
-    16-bit, the whole head rotated, k under 2 KB a token, on a GPU: loads first on 2 warps where
-    q fills 4 KB a token, 2 tokens x 8 heads on 2 warps where it fills 2 KB
-    (``WORDS_128B_HF_TILES``). Other head counts, part of the head rotated, float32, split pairs,
-    the cache and the interpreter keep the rules before; so does the flag turned off."""
+    16-bit, the whole head rotated, k under 2 KB and q at most 4 KB a token, on a GPU
+    (``WORDS_128B_HF_TILES``): loads first on 2 warps where q fills 4 KB, else 2 tokens x 8
+    heads on 2 warps, 4 x 4 with 1-3 k heads. More heads, part of the head rotated, float32,
+    split pairs, the cache and the interpreter keep the rules before; so does the flag turned
+    off."""
     def config(q_heads, k_heads, angles=rope_qk.ANGLES["cos_sin"], rotary_dim=64, esize=2,
                on_gpu=True, words=True, seq_len=4096):
         return rope_qk.default_config(seq_len, q_heads, k_heads, 64, esize, on_gpu, True, angles,
                                       rotary_dim, False, False, words)
 
+    def tile(block_s, block_h):
+        return dict(block_s=block_s, block_h=block_h, num_warps=2, all_heads=False)
+
     loads_first = dict(block_s=1, block_h=32, block_hk=8, num_warps=2, all_heads=True,
                        loads_first=True)
+    rule = {(32, 8): loads_first, (32, 4): dict(loads_first, block_hk=4),
+            (32, 2): dict(loads_first, block_hk=2), (24, 8): tile(2, 8), (16, 8): tile(2, 8),
+            (16, 4): tile(2, 8), (8, 8): tile(2, 8), (8, 4): tile(2, 8), (16, 2): tile(4, 4),
+            (8, 2): tile(4, 4), (8, 1): tile(4, 4), (12, 3): tile(4, 4)}
     for angles in (rope_qk.ANGLES["cos_sin"], rope_qk.ANGLES["cos_sin_half"]):
         for rotary_dim in (64, None):
-            assert config(32, 8, angles, rotary_dim) == loads_first, (angles, rotary_dim)
-            assert config(32, 4, angles, rotary_dim) == dict(loads_first, block_hk=4)
-            for k_heads in (4, 8):
-                assert config(16, k_heads, angles, rotary_dim) == dict(
-                    block_s=2, block_h=8, num_warps=2, all_heads=False), (angles, k_heads)
+            for (q_heads, k_heads), want in rule.items():
+                got = config(q_heads, k_heads, angles, rotary_dim)
+                assert got == want, (angles, rotary_dim, q_heads, k_heads, got)
         assert config(16, 4, angles, seq_len=1)["block_s"] == 1
+        assert config(8, 2, angles, seq_len=3)["block_s"] == 4
         for case in (dict(q_heads=32, k_heads=16), dict(q_heads=64, k_heads=8),
-                     dict(q_heads=8, k_heads=8), dict(q_heads=32, k_heads=8, rotary_dim=32),
+                     dict(q_heads=32, k_heads=8, rotary_dim=32),
                      dict(q_heads=32, k_heads=8, esize=4),
                      dict(q_heads=32, k_heads=8, words=False),
                      dict(q_heads=32, k_heads=8, on_gpu=False),
                      dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"])):
             case = dict(dict(angles=angles), **case)
             got = config(**case)
-            assert got not in (loads_first, dict(block_s=2, block_h=8, num_warps=2,
-                                                 all_heads=False)), (case, got)
+            assert got not in (loads_first, tile(2, 8), tile(4, 4)), (case, got)
         # Turned off: the half-split pairs' rules, as before it.
         monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
-        for q_heads, k_heads in ((32, 8), (16, 4)):
+        for q_heads, k_heads in rule:
             half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False,
                                                 angles, 64, False, False)
-            assert config(q_heads, k_heads, angles) == half_split, (angles, q_heads)
+            assert config(q_heads, k_heads, angles) == half_split, (angles, q_heads, k_heads)
         assert config(32, 8, angles) != loads_first
         monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", True)
 
