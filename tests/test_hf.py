@@ -269,8 +269,8 @@ def test_words_in_128_byte_rows_gpu_tiles(family, heads, seed, gpu_plans):
     """Cohere's and Helium's (GLM's pairing, the whole head) calls at head_dim 64 in bf16 with the
     tiles a GPU takes there (``WORDS_128B_HF_TILES``: loads first on 2 warps at 32 q heads, 2
     tokens x 8 heads at 16, whose k block is half masked, 4 x 4 with 2 k heads), in the
-    interpreter too; 7 tokens leave a masked token. Against transformers' function in float64, gradients against autograd
-    through it."""
+    interpreter too; 7 tokens leave a masked token. Against transformers' function in float64,
+    gradients against autograd through it."""
     module, _, fn = INTERLEAVED[family]
     (hq, hk), b, s, d, dtype = heads, 2, 7, 64, torch.bfloat16
     config = (transformers.CohereConfig(**dict(_SMALL, hidden_size=4 * d)) if family == "cohere"

@@ -331,22 +331,22 @@ def test_default_config_of_words_in_128_byte_rows(monkeypatch):
                 assert got == want, (angles, rotary_dim, q_heads, k_heads, got)
         assert config(16, 4, angles, seq_len=1)["block_s"] == 1
         assert config(8, 2, angles, seq_len=3)["block_s"] == 4
-        for case in (dict(q_heads=32, k_heads=16), dict(q_heads=64, k_heads=8),
-                     dict(q_heads=32, k_heads=8, rotary_dim=32),
-                     dict(q_heads=32, k_heads=8, esize=4),
-                     dict(q_heads=32, k_heads=8, words=False),
-                     dict(q_heads=32, k_heads=8, on_gpu=False),
-                     dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"])):
-            case = dict(dict(angles=angles), **case)
-            got = config(**case)
-            assert got not in (loads_first, tile(2, 8), tile(4, 4)), (case, got)
-        # Turned off: the half-split pairs' rules, as before it.
+        controls = [dict(q_heads=32, k_heads=16), dict(q_heads=64, k_heads=8),
+                    dict(q_heads=32, k_heads=8, rotary_dim=32),
+                    dict(q_heads=32, k_heads=8, esize=4),
+                    dict(q_heads=32, k_heads=8, words=False),
+                    dict(q_heads=32, k_heads=8, on_gpu=False),
+                    dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"])]
+        controls = [dict(dict(angles=angles), **case) for case in controls]
+        with_rule = [config(**case) for case in controls]
+        # Turned off: the half-split pairs' rules, as before it; the controls as with it.
         monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
         for q_heads, k_heads in rule:
             half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False,
                                                 angles, 64, False, False)
             assert config(q_heads, k_heads, angles) == half_split, (angles, q_heads, k_heads)
         assert config(32, 8, angles) != loads_first
+        assert [config(**case) for case in controls] == with_rule
         monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", True)
 
 
