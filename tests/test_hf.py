@@ -188,6 +188,23 @@ def test_one_launch_and_gradient(seed, monkeypatch):
     torch.testing.assert_close(k.grad, k2.grad)
 
 
+def _against_float64(apply, q, k, cos, sin, ours, dtype, seed):
+    """``ours``, q and k rotated from ``q`` and ``k`` (leaves that require grad), against
+    transformers' function ``apply`` in float64: values, the results' layout, and the gradients
+    of a random weighting of the results, against autograd through ``apply`` (which gets the
+    weights in ``dtype``, as autograd hands our backward the output's gradient)."""
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    exact = apply(q64, k64, cos.double(), sin.double())
+    for name, o, e in zip("qk", ours, exact):
+        assert _layout(o) == _layout(e), name
+        assert_rope_close(o.detach(), e.detach(), dtype, name)
+    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
+    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
+    sum((e * w.to(dtype).double()).sum() for e, w in zip(exact, weights)).backward()
+    for name, x, x64 in (("q", q, q64), ("k", k, k64)):
+        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
+
+
 @pytest.fixture
 def gpu_plans(monkeypatch):
     """rope_qk plans the tiles a GPU takes (``default_config``'s ``on_gpu``), in the interpreter
@@ -251,16 +268,8 @@ def test_glm_transposed_token_blocks_fastest(dtype, seed, gpu_plans):
     c = plan.constexprs
     assert (c["TOKEN_BLOCKS_FASTEST"], c["INTERLEAVED"], c["BLOCK_S"], c["BLOCK_H"]) == (
         True, 2, 1, 8)
-    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
-    exact = modeling_glm.apply_rotary_pos_emb(q64, k64, cos.double(), sin.double())
-    for name, o, e in zip("qk", ours, exact):
-        assert o.is_contiguous(), name  # as GLM's function (torch.cat): transposed
-        assert_rope_close(o.detach(), e.detach(), dtype, name)
-    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
-    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
-    sum((e * w.to(dtype).double()).sum() for e, w in zip(exact, weights)).backward()
-    for name, x, x64 in (("q", q, q64), ("k", k, k64)):
-        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
+    # (contiguous results, as GLM's function returns them (torch.cat): transposed)
+    _against_float64(modeling_glm.apply_rotary_pos_emb, q, k, cos, sin, ours, dtype, seed)
 
 
 @pytest.mark.parametrize("family", ["cohere", "helium"])
@@ -287,16 +296,7 @@ def test_words_in_128_byte_rows_gpu_tiles(family, heads, seed, gpu_plans):
     want = {32: (1, hq, True, 2), 16: (2, 8, False, 2), 8: (4, 4, False, 2)}[hq]
     assert (c["BLOCK_S"], c["BLOCK_H"], c["LOADS_FIRST"], plan.num_warps) == want
     assert c["INTERLEAVED"] == 2  # pairs read as words
-    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
-    exact = module.apply_rotary_pos_emb(q64, k64, cos.double(), sin.double())
-    for name, o, e in zip("qk", ours, exact):
-        assert _layout(o) == _layout(e), name
-        assert_rope_close(o.detach(), e.detach(), dtype, name)
-    weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
-    sum((o * w).sum() for o, w in zip(ours, weights)).backward()
-    sum((e * w.to(dtype).double()).sum() for e, w in zip(exact, weights)).backward()
-    for name, x, x64 in (("q", q, q64), ("k", k, k64)):
-        assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
+    _against_float64(module.apply_rotary_pos_emb, q, k, cos, sin, ours, dtype, seed)
 
 
 def _logits_and_grads(model, ids):
