@@ -43,7 +43,7 @@ from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import QKProblem, QKVProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from qk_table_hint import medians, module_copy  # noqa: E402
+from qk_table_hint import hf_call, medians, module_copy  # noqa: E402
 
 TILES = [(1, 8, 2), (1, 8, 4), (2, 8, 2), (2, 8, 4), (4, 8, 4), (4, 8, 8), (8, 4, 4)]
 
@@ -92,9 +92,7 @@ def call(module, p, mode: str, backward: bool):
                                                      backward=backward)
         return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache, False,
                                                  backward=backward)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)  # the [b, h, s, d] views models hand over
-    cos, sin = p.cos[..., :p.rotary_dim], p.sin[..., :p.rotary_dim]
-    return lambda: module.rope_cos_sin(q, k, cos, sin, 1, backward=backward, pairs=mode)
+    return hf_call(module, p, backward, pairs=mode)  # the [b, h, s, d] views models hand over
 
 
 def sides() -> dict:

@@ -88,6 +88,16 @@ def module_copy(name: str, path) -> object:
     return module
 
 
+def flag_off_copy(flag: str):
+    """The A/B's side before a rule behind a module flag of rope_qk: the package's file loaded
+    again as its own module (``module_copy``) with ``flag`` False, after checking that the
+    package runs with it on."""
+    assert getattr(hinted, flag) is True, flag
+    module = module_copy(f"rope_qk_{flag.lower()}_off", hinted.__file__)
+    setattr(module, flag, False)
+    return module
+
+
 def unhinted_module():
     """rope_qk.py with its table hint removed, as a module launched like the package's."""
     source = pathlib.Path(hinted.__file__).read_text()
@@ -116,14 +126,15 @@ def medians(fns: dict, nbytes: int, copy: float, rounds: int) -> dict:
                            timer=time_ms_host_ahead if nbytes < 200e6 else None)
 
 
-def hf_call(module, p: QKProblem, backward: bool = False):
+def hf_call(module, p: QKProblem, backward: bool = False, pairs: str = "half"):
     """Hugging Face's call on ``module``'s ``rope_cos_sin``: q and k as the ``[b, h, s, d]`` views
     of ``[b, s, h, d]`` memory that models hand over (made here, outside the timed call), the
-    first ``rotary_dim`` channels of cos and sin."""
+    first ``rotary_dim`` channels of cos and sin; ``pairs`` as ``rope_cos_sin`` takes it (Llama's
+    ``"half"``, Cohere's ``"interleaved"``, GLM's ``"glm"``)."""
     q, k = (p.gq, p.gk) if backward else (p.q, p.k)
     q, k = q.transpose(1, 2), k.transpose(1, 2)
     cos, sin = p.cos[..., :p.rotary_dim], p.sin[..., :p.rotary_dim]
-    return lambda: module.rope_cos_sin(q, k, cos, sin, 1, backward=backward)
+    return lambda: module.rope_cos_sin(q, k, cos, sin, 1, backward=backward, pairs=pairs)
 
 
 def qkv_call(module, p: QKVProblem, backward: bool = False):

@@ -38,7 +38,7 @@ from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import QKProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from qk_table_hint import medians, module_copy  # noqa: E402
+from qk_table_hint import flag_off_copy, hf_call, medians  # noqa: E402
 
 # (function, name) -> QKProblem arguments: bf16, 16 x 4096 tokens, 32 q / 8 k heads of 128, half
 # the head rotated unless said. GLM's pairs are interleaved (read as words).
@@ -64,23 +64,13 @@ SHAPES = {
 PAIRS = {"gpt-neox": "half", "glm": "glm"}
 
 
-def call(module, p: QKProblem, pairs: str, backward: bool):
-    """Hugging Face's call on ``module``'s ``rope_cos_sin``: the ``[b, h, s, d]`` views (made here,
-    outside the timed call), cos and sin in Llama's layout over the rotated channels."""
-    q, k = (p.gq, p.gk) if backward else (p.q, p.k)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)
-    return lambda: module.rope_cos_sin(q, k, p.cos, p.sin, 1, backward=backward, pairs=pairs)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
     assert rope_qk.launch is _launch.thin_launch  # as the package runs
-    assert rope_qk.TRANSPOSED_TOKEN_BLOCKS_FASTEST
-    before = module_copy("rope_qk_head_blocks_fastest", rope_qk.__file__)
-    before.TRANSPOSED_TOKEN_BLOCKS_FASTEST = False
+    before = flag_off_copy("TRANSPOSED_TOKEN_BLOCKS_FASTEST")
     copy = copy_bandwidth_gbps()
     result = {"provenance": provenance(copy, "qk_transposed_order"), "rounds": args.rounds,
               "shapes": {}}
@@ -92,11 +82,11 @@ def main(argv=None):
         pairs = PAIRS[function]
         for direction in ("forward", "backward"):
             bw = direction == "backward"
-            a, b = call(rope_qk, p, pairs, bw)(), call(before, p, pairs, bw)()
+            a, b = hf_call(rope_qk, p, bw, pairs)(), hf_call(before, p, bw, pairs)()
             same = all(torch.equal(x, y) and x.stride() == y.stride() for x, y in zip(a, b))
             assert same, (function, name, direction)  # the same bits in the same layout
-            row = medians({"tokens fastest": call(rope_qk, p, pairs, bw),
-                           "heads fastest": call(before, p, pairs, bw)}, p.nbytes, copy,
+            row = medians({"tokens fastest": hf_call(rope_qk, p, bw, pairs),
+                           "heads fastest": hf_call(before, p, bw, pairs)}, p.nbytes, copy,
                           args.rounds)
             row["ratio"] = round(row["tokens fastest"] / row["heads fastest"], 4)
             row["mbytes"] = round(p.nbytes / 1e6, 1)

@@ -40,7 +40,7 @@ from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import QKProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from qk_table_hint import medians, module_copy  # noqa: E402
+from qk_table_hint import flag_off_copy, hf_call, medians  # noqa: E402
 
 # name -> QKProblem arguments: bf16, 16 x 4096 tokens, 32 q / 8 k heads of 64, the whole head
 # rotated unless said.
@@ -59,15 +59,6 @@ SHAPES = {
 PAIRS = {"cohere": "interleaved", "glm": "glm"}
 
 
-def call(module, p: QKProblem, pairs: str, backward: bool):
-    """The call on ``module``'s ``rope_cos_sin``: the ``[b, h, s, d]`` views (made here, outside
-    the timed call), cos and sin over the rotated channels."""
-    q, k = (p.gq, p.gk) if backward else (p.q, p.k)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)
-    cos, sin = p.cos[..., :p.rotary_dim], p.sin[..., :p.rotary_dim]
-    return lambda: module.rope_cos_sin(q, k, cos, sin, 1, backward=backward, pairs=pairs)
-
-
 def plan_of(module, fn) -> str:
     module._PLANS.clear()
     fn()
@@ -83,9 +74,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
     assert rope_qk.launch is _launch.thin_launch  # as the package runs
-    assert rope_qk.WORDS_128B_HF_TILES
-    before = module_copy("rope_qk_words_128b_rules_before", rope_qk.__file__)
-    before.WORDS_128B_HF_TILES = False
+    before = flag_off_copy("WORDS_128B_HF_TILES")
     copy = copy_bandwidth_gbps()
     result = {"provenance": provenance(copy, "qk_words_hd64"), "rounds": args.rounds,
               "shapes": {}}
@@ -97,7 +86,7 @@ def main(argv=None):
         for function, pairs in PAIRS.items():
             for direction in ("forward", "backward"):
                 bw = direction == "backward"
-                a, b = call(rope_qk, p, pairs, bw)(), call(before, p, pairs, bw)()
+                a, b = hf_call(rope_qk, p, bw, pairs)(), hf_call(before, p, bw, pairs)()
                 worst = 0.0
                 for x, y in zip(a, b):
                     assert x.stride() == y.stride(), (name, function, direction)
@@ -105,14 +94,14 @@ def main(argv=None):
                     tol = 2 * torch.finfo(x.dtype).eps * (y.float().abs() + 1)
                     assert (diff <= tol).all(), (name, function, direction)
                     worst = max(worst, diff.max().item())
-                row = medians({"rule": call(rope_qk, p, pairs, bw),
-                               "before": call(before, p, pairs, bw)}, p.nbytes, copy,
+                row = medians({"rule": hf_call(rope_qk, p, bw, pairs),
+                               "before": hf_call(before, p, bw, pairs)}, p.nbytes, copy,
                               args.rounds)
                 row["ratio"] = round(row["rule"] / row["before"], 4)
                 row["mbytes"] = round(p.nbytes / 1e6, 1)
                 row["max_abs_difference"] = worst
-                row["tiles"] = {"rule": plan_of(rope_qk, call(rope_qk, p, pairs, bw)),
-                                "before": plan_of(before, call(before, p, pairs, bw))}
+                row["tiles"] = {"rule": plan_of(rope_qk, hf_call(rope_qk, p, bw, pairs)),
+                                "before": plan_of(before, hf_call(before, p, bw, pairs))}
                 if "control" in name:
                     assert row["tiles"]["rule"] == row["tiles"]["before"], (name, row["tiles"])
                 result["shapes"].setdefault(f"{function}: {name}", {})[direction] = row
