@@ -673,8 +673,9 @@ WHOLE_ROWS = False
 # On an H100 (figures/qk_transposed_order_h100.json) level, -0.6% to +1.0%.
 TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
 # Hugging Face's interleaved pairings (Cohere's and GLM's calls) read as words in 128 B rows
-# (head_dim 64 in 16-bit), the whole head rotated: loads first on 2 warps where q fills 4 KB a
-# token, else 2 tokens x 8 heads on 2 warps (4 x 4 with 1-3 k heads) (see default_config).
+# (head_dim 64 in 16-bit): the whole head rotated, loads first where q fills 4 KB a token, else 2
+# tokens x 8 heads on 2 warps (4 x 4 with 1-3 k heads); part of it, tiles of their own for GLM's
+# call and for 1-3 k heads (see default_config).
 WORDS_128B_HF_TILES = True
 
 
@@ -813,29 +814,48 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         if on_gpu and width == 128:
             return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)),
                         num_warps=max(1, 8 * row // 1024), all_heads=False)
-        # Hugging Face's tables (Cohere's and GLM's calls) at head_dim 64 in 16-bit, the whole
-        # head rotated, k under 2 KB a token, q at most 4 KB. Probes of 17-23 tiles (H200, 5
-        # shuffled rounds, bf16, 16 x 4096 tokens, forward / backward, of copy) against the
-        # half-split rules these calls took (GLM's table mode 8 x 8 on 4 warps, Cohere's loads
-        # first on 4): where q fills 4 KB a token (32 heads), loads first on 2 warps, GLM's 0.916
-        # / 0.921 -> 0.958 / 0.952, Cohere's 0.932 / 0.933 -> 0.955 / 0.960, within 0.5 points of
-        # the best tile; with fewer q heads and 4 k heads or more, 2 tokens x 8 heads on 2 warps,
-        # Cohere's 0.747 / 0.740 -> 0.922 / 0.925 at 16q/4k, 0.797 / 0.780 -> 0.904 / 0.910 at
-        # 8q/8k, 0.870 / 0.868 -> 0.951 / 0.955 at 24q/8k (GLM's +1.1 to +3.3 points), within 0.5
-        # points of the best; with 1-3 k heads 4 tokens x 4 heads on 2 warps (an 8-head block
-        # would be mostly masked k), Cohere's 0.453 / 0.450 -> 0.826 / 0.827 and GLM's 0.761 /
-        # 0.755 -> 0.853 / 0.858 at 8q/2k, within 0.8 points of the best. The cache
-        # (is_neox=False) keeps its all-heads program (0.955, the best), float32 its tile.
-        # Recorded against the rules before: scripts/qk_words_hd64.py.
+        # Hugging Face's tables (Cohere's and GLM's calls) at head_dim 64 in 16-bit. Probes of
+        # 8-23 tiles (H200, 3-5 shuffled rounds, bf16, 16 x 4096 tokens, forward / backward, of
+        # copy) against the half-split rules these calls took before (GLM's 4-8 tokens x 8-16
+        # heads on 4 warps, Cohere's loads first on 4 or 8 x 8 on 4; with part of the head
+        # rotated the transposed tile, or 8 x 2 with 1-3 k heads):
+        # - the whole head rotated, q filling 4 KB a token (32 heads): loads first, on 2 warps
+        #   under 2 KB of k (GLM's 0.916 / 0.921 -> 0.958 / 0.952, Cohere's 0.932 / 0.933 ->
+        #   0.955 / 0.960 at 32q/8k), on 4 from 2 KB (GLM's 0.928 / 0.927 -> 0.965 / 0.965 at
+        #   32q/16k, 0.956 / 0.954 -> 0.973 / 0.971 at 32q/32k; Cohere's took it already);
+        # - other head counts with 4 k heads or more: 2 tokens x 8 heads on 2 warps. Cohere's
+        #   0.747 / 0.740 -> 0.922 / 0.925 at 16q/4k, 0.870 / 0.868 -> 0.951 / 0.955 at 24q/8k,
+        #   0.918 / 0.918 -> 0.952 / 0.952 at 16q/16k, 0.966 / 0.963 -> 0.976 / 0.978 at 64q/8k;
+        #   GLM's +1.0 to +4.1 points at these;
+        # - with 1-3 k heads, 4 tokens x 4 heads on 2 warps (an 8-head block would be mostly
+        #   masked k): Cohere's 0.453 / 0.450 -> 0.826 / 0.827, GLM's 0.761 / 0.755 -> 0.853 /
+        #   0.858 at 8q/2k;
+        # - part of the head rotated, with the results transposed (Hugging Face's views): GLM's
+        #   2 tokens x 8 heads on 2 warps with 4 k heads or more (0.905 / 0.906 -> 0.910 / 0.913
+        #   at 32q/8k, 0.870 / 0.878 -> 0.912 / 0.914 at 16q/4k); with 1-3 k heads, both calls 4
+        #   tokens x 4 heads on 1 warp (GLM's 0.766 / 0.761 -> 0.852 / 0.845, Cohere's 0.737 /
+        #   0.737 -> 0.851 / 0.845 at 8q/2k); Cohere's keeps the transposed tile otherwise (the
+        #   best: its 2 x 8 lost 6 points).
+        # The best tiles were within 0.5 points of these (0.8 at 8q/2k; 1.7-2.0 for GLM's half
+        # rotary at 32q/8k, where 4 x 8 on 4 warps led). The cache (is_neox=False) keeps its
+        # all-heads program (0.955, the best), float32 its tile. Recorded against the rules
+        # before: scripts/qk_words_hd64.py.
         if (WORDS_128B_HF_TILES and on_gpu and element_size == 2 and width == 64
-                and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"])
-                and rotary_dim in (None, head_dim) and k_heads * row < 2048
-                and q_heads * row <= 4096):
-            if q_heads * row == 4096:
-                return _loads_first(q_heads, k_heads, num_warps=2)
-            block_s, block_h = (2, 8) if k_heads >= 4 else (4, 4)
-            return dict(block_s=min(block_s, _next_pow2(max(1, seq_len))), block_h=block_h,
-                        num_warps=2, all_heads=False)
+                and angles in (ANGLES["cos_sin"], ANGLES["cos_sin_half"])):
+            tile = None
+            if rotary_dim in (None, head_dim):
+                if q_heads * row == 4096:
+                    return _loads_first(q_heads, k_heads,
+                                        num_warps=2 if k_heads * row < 2048 else 4)
+                tile = (2, 8, 2) if k_heads >= 4 else (4, 4, 2)
+            elif transposed and k_heads < 4:
+                tile = (4, 4, 1)
+            elif transposed and angles == ANGLES["cos_sin_half"]:
+                tile = (2, 8, 2)
+            if tile is not None:
+                block_s, block_h, num_warps = tile
+                return dict(block_s=min(block_s, _next_pow2(max(1, seq_len))), block_h=block_h,
+                            num_warps=num_warps, all_heads=False)
         interleaved = False
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)

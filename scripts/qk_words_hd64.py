@@ -7,9 +7,12 @@ Hugging Face's interleaved pairings (Cohere's function, GLM's and its family's) 
 pair as one word (``INTERLEAVED`` 2). At head_dim 64 in 16-bit (128 B rows) with the whole head
 rotated they took the half-split pairs' tile rules, which suit neither: GLM's table mode got 8
 tokens x 8 heads on 4 warps, Cohere's loads first on 4 warps. ``rope_qk.WORDS_128B_HF_TILES``
-(the default since this script) gives them, where k is under 2 KB and q at most 4 KB a token,
-loads first on 2 warps where q fills 4 KB, else 2 tokens x 8 heads on 2 warps, 4 x 4 with 1-3 k
-heads (``default_config``).
+(the default since this script) gives them, with the whole head rotated, loads first where q
+fills 4 KB a token (on 2 warps under 2 KB of k, on 4 from 2 KB), else 2 tokens x 8 heads on 2
+warps, 4 x 4 with 1-3 k heads; with part of it rotated and the results transposed (as Hugging
+Face's are), GLM's call 2 tokens x 8 heads on 2 warps and either call 4 x 4 on 1 warp with 1-3 k
+heads (``default_config``). The first recording (60bc0fa) covered the whole head rotated with k
+under 2 KB and q at most 4 KB; this one the rule as it stands.
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``WORDS_128B_HF_TILES = False``, both launched through the package's thin launch,
@@ -18,8 +21,8 @@ The two sides must agree within a unit in the last place (another tile may fuse 
 where this one does not; the largest difference is recorded) and in their result strides.
 Shuffled rounds (``bench.shuffled_rounds``), forward and backward, medians as a fraction of the
 run's 2 GB copy; problems under 200 MB are timed with the host kept ahead of the GPU. Bytes as
-the benchmark counts them. Controls (shapes the rule leaves alone) take the same plan on both
-sides.
+the benchmark counts them. Controls (``CONTROLS``: calls the rule leaves alone) take the same
+plan on both sides.
 """
 
 from __future__ import annotations
@@ -50,12 +53,22 @@ SHAPES = {
     "16q/4k": dict(heads=16, k_heads=4), "16q/2k": dict(heads=16, k_heads=2),
     "8q/8k": dict(heads=8), "8q/2k": dict(heads=8, k_heads=2), "batch 4": dict(batch=4),
     "batch 1": dict(batch=1), "1024 tokens": dict(seq_len=1024),
-    # controls: the rules before on both sides
-    "64q/8k, batch 8 (control)": dict(heads=64, batch=8),
-    "32q/16k (control)": dict(k_heads=16),
-    "half rotary (control)": dict(rotary_percent=0.5),
-    "fp32 (control)": dict(dtype="fp32"),
+    # k of 2 KB a token or more, q over 4 KB
+    "32q/16k": dict(k_heads=16), "32q/32k": dict(k_heads=32), "16q/16k": dict(heads=16, k_heads=16),
+    "48q/8k": dict(heads=48), "64q/8k, batch 8": dict(heads=64, batch=8),
+    "64q/16k, batch 8": dict(heads=64, k_heads=16, batch=8),
+    # half the head rotated (the results transposed, as Hugging Face's are)
+    "half rotary": dict(rotary_percent=0.5),
+    "half rotary 16q/4k": dict(heads=16, k_heads=4, rotary_percent=0.5),
+    "half rotary 8q/8k": dict(heads=8, rotary_percent=0.5),
+    "half rotary 8q/2k": dict(heads=8, k_heads=2, rotary_percent=0.5),
+    "fp32": dict(dtype="fp32"),
 }
+# (function, shape) pairs the rule leaves alone, or where the rules before chose the same plan
+# (Cohere's loads first on 4 warps where k fills 2 KB): the same plan on both sides.
+CONTROLS = {("cohere", "half rotary"), ("cohere", "half rotary 16q/4k"),
+            ("cohere", "half rotary 8q/8k"), ("cohere", "fp32"), ("glm", "fp32"),
+            ("cohere", "32q/16k"), ("cohere", "32q/32k")}
 PAIRS = {"cohere": "interleaved", "glm": "glm"}
 
 
@@ -102,9 +115,13 @@ def main(argv=None):
                 row["max_abs_difference"] = worst
                 row["tiles"] = {"rule": plan_of(rope_qk, hf_call(rope_qk, p, bw, pairs)),
                                 "before": plan_of(before, hf_call(before, p, bw, pairs))}
-                if "control" in name:
+                key = f"{function}: {name}"
+                if (function, name) in CONTROLS:
                     assert row["tiles"]["rule"] == row["tiles"]["before"], (name, row["tiles"])
-                result["shapes"].setdefault(f"{function}: {name}", {})[direction] = row
+                    key += " (control)"
+                else:
+                    assert row["tiles"]["rule"] != row["tiles"]["before"], (name, row["tiles"])
+                result["shapes"].setdefault(key, {})[direction] = row
                 print(f"{function:6s} {name:26s} {direction:8s} rule {row['rule']:.3f} before "
                       f"{row['before']:.3f} ratio {row['ratio']:.3f}  [{row['tiles']['rule']}] "
                       f"[{time.time() - start:.0f} s]", flush=True)

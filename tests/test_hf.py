@@ -272,29 +272,42 @@ def test_glm_transposed_token_blocks_fastest(dtype, seed, gpu_plans):
     _against_float64(modeling_glm.apply_rotary_pos_emb, q, k, cos, sin, ours, dtype, seed)
 
 
-@pytest.mark.parametrize("family", ["cohere", "helium"])
-@pytest.mark.parametrize("heads", [(32, 8), (16, 4), (8, 2)])
-def test_words_in_128_byte_rows_gpu_tiles(family, heads, seed, gpu_plans):
-    """Cohere's and Helium's (GLM's pairing, the whole head) calls at head_dim 64 in bf16 with the
-    tiles a GPU takes there (``WORDS_128B_HF_TILES``: loads first on 2 warps at 32 q heads, 2
-    tokens x 8 heads at 16, whose k block is half masked, 4 x 4 with 2 k heads), in the
-    interpreter too; 7 tokens leave a masked token. Against transformers' function in float64,
-    gradients against autograd through it."""
+# (family, q heads, k heads) -> the tile a GPU takes at head_dim 64 in bf16: (BLOCK_S, BLOCK_H,
+# LOADS_FIRST, num_warps). GLM's call rotates half the head.
+WORDS_128B_TILES = {
+    **{(family, *heads): want for family in ("cohere", "helium") for heads, want in (
+        ((32, 8), (1, 32, True, 2)), ((32, 16), (1, 32, True, 4)), ((16, 4), (2, 8, False, 2)),
+        ((64, 16), (2, 8, False, 2)), ((8, 2), (4, 4, False, 2)))},
+    ("glm", 32, 8): (2, 8, False, 2), ("glm", 16, 4): (2, 8, False, 2),
+    ("glm", 8, 2): (4, 4, False, 1),
+}
+
+
+@pytest.mark.parametrize("family, hq, hk", list(WORDS_128B_TILES))
+def test_words_in_128_byte_rows_gpu_tiles(family, hq, hk, seed, gpu_plans):
+    """Cohere's, Helium's (GLM's pairing, the whole head) and GLM's (half the head) calls at
+    head_dim 64 in bf16 with the tiles a GPU takes there (``WORDS_128B_HF_TILES``: loads first
+    at 32 q heads, 2 tokens x 8 heads, whose k block is half masked at 16q/4k, 4 x 4 with 2 k
+    heads), in the interpreter too; 7 tokens leave a masked token. Against transformers' function
+    in float64, gradients against autograd through it."""
     module, _, fn = INTERLEAVED[family]
-    (hq, hk), b, s, d, dtype = heads, 2, 7, 64, torch.bfloat16
-    config = (transformers.CohereConfig(**dict(_SMALL, hidden_size=4 * d)) if family == "cohere"
-              else _helium_config(head_dim=d))
-    rotary = (modeling_cohere.CohereRotaryEmbedding if family == "cohere"
-              else modeling_helium.HeliumRotaryEmbedding)(config)
+    b, s, d, dtype = 2, 7, 64, torch.bfloat16
+    small = dict(_SMALL, hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hk)
+    config = {"cohere": lambda: transformers.CohereConfig(**small),
+              "helium": lambda: transformers.HeliumConfig(head_dim=d, **small),
+              "glm": lambda: transformers.GlmConfig(head_dim=d, **small)}[family]()
+    rotary = {"cohere": modeling_cohere.CohereRotaryEmbedding,
+              "helium": modeling_helium.HeliumRotaryEmbedding,
+              "glm": modeling_glm.GlmRotaryEmbedding}[family](config)
     cos, sin = _cos_sin(rotary, b, s, dtype, seed)
-    assert cos.shape[-1] == d
+    assert cos.shape[-1] == (d // 2 if family == "glm" else d)
     q = randn((b, s, hq, d), dtype, seed).transpose(1, 2).requires_grad_(True)
     k = randn((b, s, hk, d), dtype, seed + 1).transpose(1, 2).requires_grad_(True)
     ours = fn(q, k, cos, sin)
     (plan,) = rope_qk._PLANS.values()
     c = plan.constexprs
-    want = {32: (1, hq, True, 2), 16: (2, 8, False, 2), 8: (4, 4, False, 2)}[hq]
-    assert (c["BLOCK_S"], c["BLOCK_H"], c["LOADS_FIRST"], plan.num_warps) == want
+    assert (c["BLOCK_S"], c["BLOCK_H"], c["LOADS_FIRST"], plan.num_warps) == (
+        WORDS_128B_TILES[(family, hq, hk)])
     assert c["INTERLEAVED"] == 2  # pairs read as words
     _against_float64(module.apply_rotary_pos_emb, q, k, cos, sin, ours, dtype, seed)
 

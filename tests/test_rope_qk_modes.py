@@ -305,49 +305,67 @@ def test_default_config_of_pairs_as_words():
 
 def test_default_config_of_words_in_128_byte_rows(monkeypatch):
     """Cohere's and GLM's calls (Hugging Face's tables, pairs read as words) at head_dim 64 in
-    16-bit, the whole head rotated, k under 2 KB and q at most 4 KB a token, on a GPU
-    (``WORDS_128B_HF_TILES``): loads first on 2 warps where q fills 4 KB, else 2 tokens x 8
-    heads on 2 warps, 4 x 4 with 1-3 k heads. More heads, part of the head rotated, float32,
-    split pairs, the cache and the interpreter keep the rules before; so does the flag turned
-    off."""
-    def config(q_heads, k_heads, angles=rope_qk.ANGLES["cos_sin"], rotary_dim=64, esize=2,
-               on_gpu=True, words=True, seq_len=4096):
+    16-bit on a GPU (``WORDS_128B_HF_TILES``). The whole head rotated: loads first where q fills 4
+    KB (2 warps under 2 KB of k, 4 from 2 KB), else 2 tokens x 8 heads on 2 warps, 4 x 4 with 1-3
+    k heads. Half of it rotated with the results transposed: GLM's call 2 x 8 on 2 warps, either
+    call 4 x 4 on 1 warp with 1-3 k heads. Cohere's half rotary with 4 k heads or more, results
+    laid out like the inputs with part of the head rotated, float32, split pairs, the cache and
+    the interpreter keep the rules before; so does everything with the flag turned off."""
+    cos_sin, glm = rope_qk.ANGLES["cos_sin"], rope_qk.ANGLES["cos_sin_half"]
+
+    def config(q_heads, k_heads, angles=cos_sin, rotary_dim=64, esize=2, on_gpu=True,
+               words=True, seq_len=4096, transposed=False):
         return rope_qk.default_config(seq_len, q_heads, k_heads, 64, esize, on_gpu, True, angles,
-                                      rotary_dim, False, False, words)
+                                      rotary_dim, False, transposed, words)
 
-    def tile(block_s, block_h):
-        return dict(block_s=block_s, block_h=block_h, num_warps=2, all_heads=False)
+    def tile(block_s, block_h, num_warps=2):
+        return dict(block_s=block_s, block_h=block_h, num_warps=num_warps, all_heads=False)
 
-    loads_first = dict(block_s=1, block_h=32, block_hk=8, num_warps=2, all_heads=True,
-                       loads_first=True)
-    rule = {(32, 8): loads_first, (32, 4): dict(loads_first, block_hk=4),
-            (32, 2): dict(loads_first, block_hk=2), (24, 8): tile(2, 8), (16, 8): tile(2, 8),
-            (16, 4): tile(2, 8), (8, 8): tile(2, 8), (8, 4): tile(2, 8), (16, 2): tile(4, 4),
-            (8, 2): tile(4, 4), (8, 1): tile(4, 4), (12, 3): tile(4, 4)}
-    for angles in (rope_qk.ANGLES["cos_sin"], rope_qk.ANGLES["cos_sin_half"]):
-        for rotary_dim in (64, None):
-            for (q_heads, k_heads), want in rule.items():
-                got = config(q_heads, k_heads, angles, rotary_dim)
-                assert got == want, (angles, rotary_dim, q_heads, k_heads, got)
+    def loads_first(k_heads, num_warps=2):
+        return dict(block_s=1, block_h=32, block_hk=k_heads, num_warps=num_warps,
+                    all_heads=True, loads_first=True)
+
+    whole = {(32, 8): loads_first(8), (32, 4): loads_first(4), (32, 2): loads_first(2),
+             (32, 16): loads_first(16, 4), (32, 32): loads_first(32, 4), (24, 8): tile(2, 8),
+             (16, 8): tile(2, 8), (16, 4): tile(2, 8), (8, 8): tile(2, 8), (8, 4): tile(2, 8),
+             (16, 16): tile(2, 8), (48, 8): tile(2, 8), (64, 8): tile(2, 8),
+             (64, 16): tile(2, 8), (16, 2): tile(4, 4), (8, 2): tile(4, 4), (8, 1): tile(4, 4),
+             (12, 3): tile(4, 4), (64, 2): tile(4, 4)}
+    # (angles, rotary_dim, transposed, q_heads, k_heads) -> tile
+    rule = {(angles, rotary_dim, False, *heads): want for angles in (cos_sin, glm)
+            for rotary_dim in (64, None) for heads, want in whole.items()}
+    for angles in (cos_sin, glm):
+        for heads in ((8, 2), (16, 1), (32, 2)):
+            rule[(angles, 32, True, *heads)] = tile(4, 4, 1)
+    for heads in ((32, 8), (16, 4), (8, 8), (64, 16)):
+        rule[(glm, 32, True, *heads)] = tile(2, 8)
+    for (angles, rotary_dim, transposed, q_heads, k_heads), want in rule.items():
+        got = config(q_heads, k_heads, angles, rotary_dim, transposed=transposed)
+        assert got == want, (angles, rotary_dim, transposed, q_heads, k_heads, got)
+    for angles in (cos_sin, glm):
         assert config(16, 4, angles, seq_len=1)["block_s"] == 1
         assert config(8, 2, angles, seq_len=3)["block_s"] == 4
-        controls = [dict(q_heads=32, k_heads=16), dict(q_heads=64, k_heads=8),
-                    dict(q_heads=32, k_heads=8, rotary_dim=32),
-                    dict(q_heads=32, k_heads=8, esize=4),
-                    dict(q_heads=32, k_heads=8, words=False),
-                    dict(q_heads=32, k_heads=8, on_gpu=False),
-                    dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"])]
-        controls = [dict(dict(angles=angles), **case) for case in controls]
-        with_rule = [config(**case) for case in controls]
-        # Turned off: the half-split pairs' rules, as before it; the controls as with it.
-        monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
-        for q_heads, k_heads in rule:
-            half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False,
-                                                angles, 64, False, False)
-            assert config(q_heads, k_heads, angles) == half_split, (angles, q_heads, k_heads)
-        assert config(32, 8, angles) != loads_first
-        assert [config(**case) for case in controls] == with_rule
-        monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", True)
+    controls = [dict(q_heads=32, k_heads=8, rotary_dim=32, transposed=True),  # Cohere's
+                dict(q_heads=16, k_heads=4, rotary_dim=32, transposed=True)]
+    for angles in (cos_sin, glm):
+        controls += [dict(angles=angles, **case) for case in (
+            dict(q_heads=32, k_heads=8, rotary_dim=32), dict(q_heads=8, k_heads=2, rotary_dim=32),
+            dict(q_heads=32, k_heads=8, esize=4), dict(q_heads=32, k_heads=8, words=False),
+            dict(q_heads=32, k_heads=8, on_gpu=False),
+            dict(q_heads=32, k_heads=8, transposed=True, esize=4))]
+    controls.append(dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"]))
+    with_rule = [config(**case) for case in controls]
+    # Turned off: the half-split pairs' rules, as before it; the controls as with it.
+    monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
+    for angles, rotary_dim, transposed, q_heads, k_heads in rule:
+        half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False, angles,
+                                            rotary_dim, False, transposed)
+        got = config(q_heads, k_heads, angles, rotary_dim, transposed=transposed)
+        assert got == half_split, (angles, rotary_dim, transposed, q_heads, k_heads)
+        # (Cohere's call took loads first on 4 warps from the half-split rules already.)
+        if not (angles == cos_sin and (q_heads, k_heads) in ((32, 16), (32, 32))):
+            assert got != rule[(angles, rotary_dim, transposed, q_heads, k_heads)]
+    assert [config(**case) for case in controls] == with_rule
 
 
 def test_default_config_of_the_cache_in_place(monkeypatch):
