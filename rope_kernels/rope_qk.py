@@ -836,7 +836,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         #   tokens x 4 heads on 1 warp (GLM's 0.766 / 0.761 -> 0.852 / 0.845, Cohere's 0.737 /
         #   0.737 -> 0.851 / 0.845 at 8q/2k); Cohere's keeps the transposed tile otherwise (the
         #   best: its 2 x 8 lost 6 points).
-        # The best tiles were within 0.5 points of these (0.8 at 8q/2k; 1.7-2.0 for GLM's half
+        # The best tiles were within 0.6 points of these (0.8 at 8q/2k; 1.7-2.0 for GLM's half
         # rotary at 32q/8k, where 4 x 8 on 4 warps led). The cache (is_neox=False) keeps its
         # all-heads program (0.955, the best), float32 its tile. Recorded against the rules
         # before: scripts/qk_words_hd64.py.
