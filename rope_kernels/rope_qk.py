@@ -815,7 +815,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
             return dict(block_s=1, block_h=min(8, _next_pow2(q_heads)),
                         num_warps=max(1, 8 * row // 1024), all_heads=False)
         # Hugging Face's tables (Cohere's and GLM's calls) at head_dim 64 in 16-bit. Probes of
-        # 8-23 tiles (H200, 3-5 shuffled rounds, bf16, 16 x 4096 tokens, forward / backward, of
+        # 10-23 tiles (H200, 3-5 shuffled rounds, bf16, 16 x 4096 tokens, forward / backward, of
         # copy) against the half-split rules these calls took before (GLM's 4-8 tokens x 8-16
         # heads on 4 warps, Cohere's loads first on 4 or 8 x 8 on 4; with part of the head
         # rotated the transposed tile, or 8 x 2 with 1-3 k heads):
