@@ -816,9 +816,9 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                         num_warps=max(1, 8 * row // 1024), all_heads=False)
         # Hugging Face's tables (Cohere's and GLM's calls) at head_dim 64 in 16-bit. Probes of
         # 10-23 tiles (H200, 3-5 shuffled rounds, bf16, 16 x 4096 tokens, forward / backward, of
-        # copy) against the half-split rules these calls took before (GLM's 4-8 tokens x 8-16
-        # heads on 4 warps, Cohere's loads first on 4 or 8 x 8 on 4; with part of the head
-        # rotated the transposed tile, or 8 x 2 with 1-3 k heads):
+        # copy) against the half-split rules these calls took before (4-8 tokens x 2-16 heads on
+        # 4 warps, but loads first on 4 for Cohere's where all of q fits 4 KB; with part of the
+        # head rotated the transposed tile, or 8 x 2 with 1-3 k heads):
         # - the whole head rotated, q filling 4 KB a token (32 heads): loads first, on 2 warps
         #   under 2 KB of k (GLM's 0.916 / 0.921 -> 0.958 / 0.952, Cohere's 0.932 / 0.933 ->
         #   0.955 / 0.960 at 32q/8k), on 4 from 2 KB (GLM's 0.928 / 0.927 -> 0.965 / 0.965 at
@@ -836,7 +836,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         #   tokens x 4 heads on 1 warp (GLM's 0.766 / 0.761 -> 0.852 / 0.845, Cohere's 0.737 /
         #   0.737 -> 0.851 / 0.845 at 8q/2k); Cohere's keeps the transposed tile otherwise (the
         #   best: its 2 x 8 lost 6 points).
-        # The best tiles were within 0.6 points of these (0.8 at 8q/2k; 1.7-2.0 for GLM's half
+        # The best tiles were within 0.6 points of these (0.8 at 8q/2k; 1.7 for GLM's half
         # rotary at 32q/8k, where 4 x 8 on 4 warps led). The cache (is_neox=False) keeps its
         # all-heads program (0.955, the best), float32 its tile. Recorded against the rules
         # before: scripts/qk_words_hd64.py.
