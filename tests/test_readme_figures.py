@@ -1,7 +1,8 @@
 """The README's recorded numbers are the recorded run's: its header against figures/provenance.json,
 its table at TransformerEngine's default shape and its first target's figures against
 figures/bench.csv, its launch-latency table and docs/recorded_results.md's per-host table against
-the figures/launch_latency*.json each row names. A re-recorded run fails here until the README is
+the figures/launch_latency*.json each row names; and the ranges docs/performance_notes.md quotes
+from each recording of scripts/qk_words_hd64.py. A re-recorded run fails here until the README is
 updated with it (the README prints fractions to 3 decimals and microseconds to 1)."""
 
 from __future__ import annotations
@@ -184,3 +185,25 @@ def test_first_target_is_the_recorded_run():
         want += (f"every one reaches 0.95, the lowest {(mine.gbps / mine.copy_gbps).min():.3f}",)
     for words in want:
         assert words in row[1], (words, row[1])
+
+
+NOTES = (ROOT / "docs" / "performance_notes.md").read_text()
+
+
+@pytest.mark.parametrize("path", sorted(FIGURES.glob("qk_words_hd64_*.json")), ids=lambda p: p.name)
+def test_words_hd64_recordings_are_quoted_as_recorded(path):
+    """Each recording of scripts/qk_words_hd64.py (one per card and Triton version): every call
+    outside its controls changed plan and no control did; docs/performance_notes.md names the
+    file and quotes the range of its changed timings (rule / rules before) and of its controls'
+    as the file has them."""
+    changed, controls = [], []
+    for shape, directions in json.loads(path.read_text())["shapes"].items():
+        for timing in directions.values():
+            same_plan = timing["tiles"]["rule"] == timing["tiles"]["before"]
+            assert same_plan == shape.endswith("(control)"), (path.name, shape)
+            (controls if same_plan else changed).append(timing["ratio"])
+    assert changed and controls, path.name
+    assert f"`figures/{path.name}`" in NOTES, path.name
+    for ratios in (changed, controls):
+        quote = f"{min(ratios):.3f}-{max(ratios):.3f}"
+        assert quote in NOTES, (path.name, quote)
