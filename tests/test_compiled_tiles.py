@@ -16,8 +16,9 @@ fails here, in CI, before a GPU run measures it:
   positions x 4 heads of whole rows): at most 64 registers (96 each with the 3-D tiles on Triton
   3.7.1; checked on 3.7.1 only, the other tests skip on other versions).
 
-And that the kernels still build for older GPUs, a T4 (sm_75) and an A100 (sm_80), in bf16,
-fp16 and fp32 (they have run on sm_90 only).
+And that the kernels build, each for its own target, for other GPUs: a T4 (sm_75), an A100
+(sm_80), an L4 or RTX 40 (sm_89), a B200 (sm_100) and an RTX 50 (sm_120), in bf16, fp16 and fp32,
+the thd path through programmatic dependent launch from sm_90 (they have run on sm_90 only).
 
 On a version not named, or without Triton's CUDA backend and its binaries, the tests skip.
 """
@@ -64,7 +65,10 @@ def stand_in_driver(capability: int = 90):
             return GPUTarget("cuda", capability, 32)
 
         def get_current_device(self):
-            return 0
+            # Triton keeps a kernel's compile target per device id (its binder, made on the
+            # first compile for that id): one id per capability, so that each target compiles
+            # its own code and none is answered from another's cache.
+            return 1000 + capability  # (no real GPU has such an id)
 
         def get_current_stream(self, device=None):
             return 0
@@ -246,66 +250,100 @@ def test_rope_2d_reads_its_angle_table_evict_last(compiled_modules, backward):
     assert hinted and len(hinted) < len(loads), (len(hinted), len(loads))
 
 
-# Older GPUs: Colab's T4 (sm_75) and the A100 (sm_80). The kernels run compiled on H100 and H200
-# only (sm_90); this checks that each kernel and its main variants still build for the older
-# targets (no Hopper-only instruction outside the PDL path, which the plans keep for sm_90; bf16
-# conversions, which sm_75 lacks natively). It compiles; nothing runs on such a GPU here.
-OLDER_GPUS = [75, 80]
+# Other GPUs. The kernels run compiled on H100 and H200 only (sm_90); this checks that each
+# kernel and its main variants build for the GPUs learners and users have: Colab's T4 (sm_75, no
+# native bf16 conversions), the A100 (sm_80), the L4 and RTX 40 series (sm_89), and Blackwell's
+# B200 (sm_100) and RTX 50 series (sm_120). From sm_90 the thd plans overlap the pre-pass and the
+# main kernel through programmatic dependent launch (``rope_2d._pdl_available``), so those targets
+# compile that path; older ones compile the plain path and must not see its instructions. It
+# compiles; nothing runs on such a GPU here.
+OTHER_GPUS = {75: "T4", 80: "A100", 89: "L4, RTX 40", 100: "B200", 120: "RTX 50"}
 # With the interpreter on, Triton's own @jit helpers (tl.min, tl.max, ...) are interpreted
 # functions, which a compiled kernel cannot call (the thd pre-pass calls tl.min): there the tests
 # run in a process of their own with the interpreter off.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 in_compiled_process = pytest.mark.skipif(
-    INTERPRETING, reason="run by test_older_gpus_in_a_compiled_process")
+    INTERPRETING, reason="run by test_other_gpus_in_a_compiled_process")
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-@pytest.mark.skipif(not INTERPRETING, reason="the older-GPU tests run in this process")
-def test_older_gpus_in_a_compiled_process():
+@pytest.mark.skipif(not INTERPRETING, reason="the other-GPU tests run in this process")
+def test_other_gpus_in_a_compiled_process():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-                           "-o", "addopts=", "-k", "compiles_for_older_gpus"], cwd=ROOT, env=env,
+                           "-o", "addopts=", "-k", "compiles_for_other_gpus"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0 and "12 passed" in proc.stdout, proc.stdout[-4000:]
+    ran = 2 * len(OTHER_GPUS) * len(DTYPES)
+    assert proc.returncode == 0 and f"{ran} passed" in proc.stdout, proc.stdout[-4000:]
+
+
+def built_for(compiled, capability) -> bool:
+    """Whether ``compiled`` was built for ``capability`` (its PTX's target; sm_90a and sm_100a
+    are the arch-specific targets Triton picks from sm_90): Triton keeps a kernel's target per
+    device id, and a stand-in that reused one id would answer every later target from the first
+    one's cache."""
+    target = re.search(r"^\.target (sm_\d+)a?\b", compiled.asm["ptx"], re.M).group(1)
+    return target == f"sm_{capability}" and bool(compiled.asm["cubin"])
+
+
+def uses_pdl(compiled) -> bool:
+    return "griddepcontrol" in compiled.asm["ptx"]
+
+
+def ptxas_for(capability):
+    """Skip a target whose ptxas this Triton lacks (from sm_100 it calls ptxas-blackwell)."""
+    name = "ptxas-blackwell" if capability >= 100 else "ptxas"
+    if not (NVIDIA_BIN / name).exists():
+        pytest.skip(f"no {name} in triton's CUDA backend")
 
 
 @in_compiled_process
-@pytest.mark.parametrize("capability", OLDER_GPUS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_rope_2d_compiles_for_older_gpus(compiled_modules, capability, dtype):
+@pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_2d_compiles_for_other_gpus(compiled_modules, capability, dtype):
     """bshd forward and backward (whole rows, the backward's gathered sines), sbhd interleaved
-    pairs read as words, and thd's pre-pass with the main kernel reading its token rows."""
+    pairs read as words, and thd's pre-pass with the main kernel reading its token rows (waiting
+    for them after and before its x loads, through PDL from sm_90)."""
+    ptxas_for(capability)
     r2 = compiled_modules["rope_2d"]
     t = torch.empty(8, 1024, 16, 128, device="meta", dtype=dtype)
     freqs = torch.empty(1024, 1, 1, 128, device="meta", dtype=torch.float32)
     fast = {"fast_trig": dtype != torch.float32}
     for backward in (False, True):
         plan = rope_2d_gpu_plan(r2, t, freqs, "bshd", backward=backward, config=fast)
-        assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
+        assert built_for(compile_rope_2d(r2, plan, dtype, capability), capability)
     sbhd = torch.empty(1024, 8, 16, 128, device="meta", dtype=dtype)
     plan = rope_2d_gpu_plan(r2, sbhd, freqs, "sbhd", config=fast, interleaved=True, words=True)
     assert plan.constexprs["PAIRS_AS_WORDS"]
-    assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
+    assert built_for(compile_rope_2d(r2, plan, dtype, capability), capability)
     thd = torch.empty(8192, 16, 128, device="meta", dtype=dtype)
     cu_seqlens = torch.empty(301, device="meta", dtype=torch.int32)
-    plan = rope_2d_gpu_plan(r2, thd, freqs, "thd", cu_seqlens, config=fast)
-    assert plan.constexprs["TOKEN_ROWS"] and not plan.constexprs["PDL_WAIT"]
-    assert compile_rope_2d(r2, plan, dtype, capability).asm["cubin"]
-    pre = r2.pre_pass_plan(8192, 300)
+    pdl = capability >= 90  # as _pdl_available decides on such a GPU
+    for wait_first in (False, True):
+        plan = rope_2d_gpu_plan(r2, thd, freqs, "thd", cu_seqlens,
+                                config={**fast, "pdl": pdl, "wait_first": wait_first})
+        assert plan.constexprs["TOKEN_ROWS"] and plan.constexprs["PDL_WAIT"] == pdl
+        assert plan.constexprs["WAIT_FIRST"] == (pdl and wait_first)
+        compiled = compile_rope_2d(r2, plan, dtype, capability)
+        assert built_for(compiled, capability) and uses_pdl(compiled) == pdl
+    pre = r2.pre_pass_plan(8192, 300, pdl=pdl)
     with stand_in_driver(capability):
-        assert r2.thd_positions_kernel.warmup(torch.int32, torch.int32, torch.int32, *pre.scalars,
-                                              **pre.constexprs, num_warps=pre.num_warps,
-                                              grid=pre.grid).asm["cubin"]
+        compiled = r2.thd_positions_kernel.warmup(torch.int32, torch.int32, torch.int32,
+                                                  *pre.scalars, **pre.constexprs,
+                                                  num_warps=pre.num_warps, grid=pre.grid)
+    assert built_for(compiled, capability) and uses_pdl(compiled) == pdl
 
 
 @in_compiled_process
-@pytest.mark.parametrize("capability", OLDER_GPUS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_rope_qk_compiles_for_older_gpus(compiled_modules, capability, dtype):
+@pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_qk_compiles_for_other_gpus(compiled_modules, capability, dtype):
     """The q+k kernel's Hugging Face transposed whole rows and fused QKV's plan, half-split and
     with interleaved pairs read as words."""
+    ptxas_for(capability)
     qk = compiled_modules["rope_qk"]
-    assert compile_qk(qk, hf_half_rotary(qk, dtype), dtype, capability).asm["cubin"]
-    assert compile_qk(qk, fused_qkv(qk, dtype), dtype, capability).asm["cubin"]
+    assert built_for(compile_qk(qk, hf_half_rotary(qk, dtype), dtype, capability), capability)
+    assert built_for(compile_qk(qk, fused_qkv(qk, dtype), dtype, capability), capability)
     words = fused_qkv(qk, dtype, interleaved=True)
     assert words.constexprs["INTERLEAVED"] == 2
-    assert compile_qk(qk, words, dtype, capability).asm["cubin"]
+    assert built_for(compile_qk(qk, words, dtype, capability), capability)
