@@ -281,9 +281,11 @@ def built_for(compiled, capability) -> bool:
     """Whether ``compiled`` was built for ``capability`` (its PTX's target; sm_90a and sm_100a
     are the arch-specific targets Triton picks from sm_90): Triton keeps a kernel's target per
     device id, and a stand-in that reused one id would answer every later target from the first
-    one's cache."""
+    one's cache. And whether its shared memory fits the 48 KB every one of these GPUs gives a
+    block without an opt-in (the tiles use 1-2 KB)."""
     target = re.search(r"^\.target (sm_\d+)a?\b", compiled.asm["ptx"], re.M).group(1)
-    return target == f"sm_{capability}" and bool(compiled.asm["cubin"])
+    return (target == f"sm_{capability}" and bool(compiled.asm["cubin"])
+            and compiled.metadata.shared <= 48 * 1024)
 
 
 def uses_pdl(compiled) -> bool:
