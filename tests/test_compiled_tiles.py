@@ -273,7 +273,7 @@ def test_other_gpus_in_a_compiled_process():
     proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
                            "-o", "addopts=", "-k", "compiles_for_other_gpus"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1200)
-    ran = 2 * len(OTHER_GPUS) * len(DTYPES)
+    ran = 3 * len(OTHER_GPUS) * len(DTYPES)  # the three tests below
     assert proc.returncode == 0 and f"{ran} passed" in proc.stdout, proc.stdout[-4000:]
 
 
@@ -349,3 +349,67 @@ def test_rope_qk_compiles_for_other_gpus(compiled_modules, capability, dtype):
     words = fused_qkv(qk, dtype, interleaved=True)
     assert words.constexprs["INTERLEAVED"] == 2
     assert built_for(compile_qk(qk, words, dtype, capability), capability)
+
+
+@contextlib.contextmanager
+def planned_for_a_gpu(qk):
+    """Calls of the compiled module's entry points on meta tensors, planned as for a CUDA GPU;
+    each launch is kept as (plan, pointer dtypes), not made."""
+    launches = []
+    real_plan, real_launch, real_check = qk._plan, qk.launch, qk._check_device
+    qk._plan = lambda *a, **k: real_plan(*a, **{**k, "device": torch.device("cuda")})
+    qk.launch = lambda kernel, plan, pointers: launches.append((plan, [p.dtype for p in pointers]))
+    qk._check_device = lambda x: None
+    try:
+        yield launches
+    finally:
+        qk._plan, qk.launch, qk._check_device = real_plan, real_launch, real_check
+
+
+def serving_and_hf_plans(qk, dtype) -> dict:
+    """{name: (plan, pointer dtypes)} of the cos/sin cache call (per-token positions: half-split
+    pairs out of place, interleaved pairs in place, read as words) and Hugging Face's interleaved
+    pairings at head_dim 64 (``WORDS_128B_HF_TILES``: Cohere's whole head at 32 q / 8 k heads and
+    16 q / 4 k, GLM's half of it with its table of one entry a pair), as the entry points plan
+    them for a GPU."""
+    def meta(*shape, dtype=dtype):
+        return torch.empty(*shape, device="meta", dtype=dtype)
+
+    plans = {}
+    with planned_for_a_gpu(qk) as launches:
+        positions, cache = meta(4096, dtype=torch.int64), meta(8192, 128, dtype=torch.float32)
+        q, k = meta(4096, 32 * 128), meta(4096, 8 * 128)
+        qk.rope_cos_sin_cache(positions, q, k, 128, cache, True)
+        plans["cache"] = launches[-1]
+        qk.rope_cos_sin_cache(positions, q, k, 128, cache, False, query_out=q, key_out=k)
+        plans["cache, interleaved, in place"] = launches[-1]
+        for name, heads, k_heads, rotary_dim, pairs in (
+                ("cohere", 32, 8, 64, "interleaved"), ("cohere, 16q/4k", 16, 4, 64, "interleaved"),
+                ("glm, half rotary", 32, 8, 32, "glm")):
+            q, k = meta(4, 1024, heads, 64), meta(4, 1024, k_heads, 64)  # [b, s, h, d] memory
+            cos, sin = meta(1, 1024, rotary_dim), meta(1, 1024, rotary_dim)
+            qk.rope_cos_sin(q.transpose(1, 2), k.transpose(1, 2), cos, sin, pairs=pairs)
+            plans[name] = launches[-1]
+    return plans
+
+
+@in_compiled_process
+@pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capability, dtype):
+    """The serving and Hugging Face plans, as the entry points make them for a GPU: the cache's
+    per-token positions, interleaved pairs read as words, Cohere's loads-first programs, GLM's
+    table of one entry a pair."""
+    ptxas_for(capability)
+    qk = compiled_modules["rope_qk"]
+    plans = serving_and_hf_plans(qk, dtype)
+    modes = {name: plan.constexprs for name, (plan, _) in plans.items()}
+    assert modes["cache"]["HAS_POSITIONS"] and modes["cache"]["INTERLEAVED"] == 0
+    assert all(modes[name]["INTERLEAVED"] == 2 for name in plans if name != "cache")
+    assert modes["cohere"]["LOADS_FIRST"] == (dtype != torch.float32)
+    assert modes["glm, half rotary"]["ANGLES"] == qk.ANGLES["cos_sin_half"]
+    for name, (plan, pointers) in plans.items():
+        with stand_in_driver(capability):
+            compiled = qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
+                                                num_warps=plan.num_warps, grid=plan.grid)
+        assert built_for(compiled, capability), name
