@@ -288,6 +288,18 @@ def built_for(compiled, capability) -> bool:
             and compiled.metadata.shared <= 48 * 1024)
 
 
+@pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
+def test_thd_plans_take_pdl_from_sm_90(compiled_modules, capability, monkeypatch):
+    """What the builds below assume of each GPU: ``_pdl_available`` (compiled kernels on an
+    NVIDIA GPU) says yes from compute capability 9.0 and no below it."""
+    r2 = compiled_modules["rope_2d"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: divmod(capability, 10))
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert r2._pdl_available(torch.device("cuda")) == (capability >= 90)
+    assert not r2._pdl_available(torch.device("cpu"))
+
+
 def uses_pdl(compiled) -> bool:
     return "griddepcontrol" in compiled.asm["ptx"]
 
