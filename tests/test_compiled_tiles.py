@@ -136,49 +136,48 @@ def registers(compiled) -> int:
     return int(re.search(r"REG:(\d+)", out).group(1))
 
 
+def meta(*shape, dtype):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def gpu_launch(qk, call):
+    """(plan, pointer dtypes) of the one launch ``call()`` makes through an entry point of the
+    compiled module ``qk`` on meta tensors, planned as for a CUDA GPU (``_plan`` told one) and
+    not made."""
+    launches = []
+    real_plan, real_launch, real_check = qk._plan, qk.launch, qk._check_device
+    qk._plan = lambda *a, **k: real_plan(*a, **{**k, "device": torch.device("cuda")})
+    qk.launch = lambda kernel, plan, pointers: launches.append((plan, [p.dtype for p in pointers]))
+    qk._check_device = lambda x: None
+    try:
+        call()
+    finally:
+        qk._plan, qk.launch, qk._check_device = real_plan, real_launch, real_check
+    (launch,) = launches
+    return launch
+
+
 def hf_half_rotary(qk, dtype=torch.bfloat16):
-    """rope_qk's plan for Hugging Face's GPT-NeoX call: q [16, 32, 4096, 128] and k (8 heads)
-    as [b, h, s, d] views of [b, s, h, d] memory, half the head rotated, contiguous results."""
+    """The launch of Hugging Face's GPT-NeoX call: q [16, 32, 4096, 128] and k (8 heads) as
+    [b, h, s, d] views of [b, s, h, d] memory, half the head rotated, contiguous results."""
     b, s, hq, hk, d, rd = 16, 4096, 32, 8, 128, 64
-    q = torch.empty(b, s, hq, d, device="meta", dtype=dtype).transpose(1, 2)
-    k = torch.empty(b, s, hk, d, device="meta", dtype=dtype).transpose(1, 2)
-    q_out = torch.empty(b, hq, s, d, device="meta", dtype=dtype)
-    k_out = torch.empty(b, hk, s, d, device="meta", dtype=dtype)
-    cos_strides = torch.empty(1, s, rd, device="meta").stride()
-    q_sizes, q_in = qk._sbhd_of_hf(q, 1)
-    k_sizes, k_in = qk._sbhd_of_hf(k, 1)
-    return qk._plan((q_sizes, q_in, qk._sbhd_of_hf(q_out, 1)[1]),
-                    (k_sizes, k_in, qk._sbhd_of_hf(k_out, 1)[1]), None,
-                    device=torch.device("cuda"), dtype=dtype, angles=qk.ANGLES["cos_sin"],
-                    rotary_dim=rd, has_positions=False, has_start=False, interleaved=False,
-                    backward=False, cp_size=1, cp_rank=0,
-                    t_strides=(0, cos_strides[1], cos_strides[2]), p_strides=(0, 0),
-                    same_table=True)
+    q = meta(b, s, hq, d, dtype=dtype).transpose(1, 2)
+    k = meta(b, s, hk, d, dtype=dtype).transpose(1, 2)
+    cos, sin = meta(1, s, rd, dtype=dtype), meta(1, s, rd, dtype=dtype)
+    return gpu_launch(qk, lambda: qk.rope_cos_sin(q, k, cos, sin))
 
 
 def fused_qkv(qk, dtype=torch.bfloat16, interleaved=False):
-    """rope_qk's plan for TE's fused QKV forward, sbhd qkv [4096, 8, 8 groups, (4 q + k + v) x
-    128] into q, k, v, built as ``_run_qkv`` builds it (addresses even: interleaved pairs are
-    read as words)."""
-    s, b, groups, per_group, d = 4096, 8, 8, 4, 128
-    splits = (per_group * d, d, d)
-    qkv = torch.empty(s, b, groups, sum(splits), device="meta", dtype=dtype)
-    q = torch.empty(s, b, groups * per_group, d, device="meta", dtype=dtype)
-    k = torch.empty(s, b, groups, d, device="meta", dtype=dtype)
-    v = torch.empty(s, b, groups, d, device="meta", dtype=dtype)
-    packed = qk._qkv_parts(qkv, "sbhd", splits, groups)
-    split = [qk._heads_parts(x, "sbhd", groups) for x in (q, k, v)]
-    parts = [(sizes, st, o[1]) for (sizes, st), o in zip(packed, split)]
-    return qk._plan(parts[0], parts[1], parts[2], device=torch.device("cuda"), dtype=dtype,
-                    angles=qk.ANGLES["freqs"], rotary_dim=d, has_positions=False,
-                    has_start=False, interleaved=interleaved, backward=False, cp_size=1,
-                    cp_rank=0, t_strides=(0, d, 1), p_strides=(0, 0), same_table=True,
-                    offsets=(splits[0], 0, splits[0] + splits[1], 0), aligned=True)
+    """The launch of TE's fused QKV forward, sbhd qkv [4096, 8, 8 groups, (4 q + k + v) x 128]
+    into q, k, v (addresses even: interleaved pairs are read as words)."""
+    qkv, freqs = meta(4096, 8, 8, 6 * 128, dtype=dtype), meta(4096, 1, 1, 128, dtype=torch.float32)
+    return gpu_launch(qk, lambda: qk.rope_qkv(qkv, freqs, freqs, (4 * 128, 128, 128), "sbhd",
+                                              None, interleaved))
 
 
-def compile_qk(qk, plan, dtype=torch.bfloat16, capability=90):
-    pointers = [dtype] * 6 + [torch.float32 if plan.constexprs["ANGLES"] == 0 else dtype] * 3
-    pointers += [torch.int64, torch.int64]
+def compile_qk(qk, launch, capability=90):
+    """A launch (``gpu_launch``) compiled for ``capability``."""
+    plan, pointers = launch
     with stand_in_driver(capability):
         return qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
                                         num_warps=plan.num_warps, grid=plan.grid)
@@ -187,9 +186,9 @@ def compile_qk(qk, plan, dtype=torch.bfloat16, capability=90):
 def test_hf_transposed_whole_rows_use_no_shared_memory(compiled_modules):
     """The q+k kernel's whole-row tiles keep each token's cos/sin in its threads' registers."""
     qk = compiled_modules["rope_qk"]
-    plan = hf_half_rotary(qk)
+    launch = plan, _ = hf_half_rotary(qk)
     assert plan.constexprs["ROW"] == 128  # the whole-row path is the one compiled
-    compiled = compile_qk(qk, plan)
+    compiled = compile_qk(qk, launch)
     assert compiled.metadata.shared == 0
     assert registers(compiled) <= 64
 
@@ -197,9 +196,9 @@ def test_hf_transposed_whole_rows_use_no_shared_memory(compiled_modules):
 @pytest.mark.skipif(not ON_37, reason="read on triton 3.7.1 only")
 def test_fused_qkv_whole_rows_registers(compiled_modules):
     qk = compiled_modules["rope_qk"]
-    plan = fused_qkv(qk)
+    launch = plan, _ = fused_qkv(qk)
     assert plan.constexprs["ROW"] == 128
-    assert registers(compile_qk(qk, plan)) <= 64
+    assert registers(compile_qk(qk, launch)) <= 64
 
 
 def rope_2d_gpu_plan(r2, t, freqs, tensor_format, cu_seqlens=None, backward=False, config=None,
@@ -356,53 +355,32 @@ def test_rope_qk_compiles_for_other_gpus(compiled_modules, capability, dtype):
     with interleaved pairs read as words."""
     ptxas_for(capability)
     qk = compiled_modules["rope_qk"]
-    assert built_for(compile_qk(qk, hf_half_rotary(qk, dtype), dtype, capability), capability)
-    assert built_for(compile_qk(qk, fused_qkv(qk, dtype), dtype, capability), capability)
+    assert built_for(compile_qk(qk, hf_half_rotary(qk, dtype), capability), capability)
+    assert built_for(compile_qk(qk, fused_qkv(qk, dtype), capability), capability)
     words = fused_qkv(qk, dtype, interleaved=True)
-    assert words.constexprs["INTERLEAVED"] == 2
-    assert built_for(compile_qk(qk, words, dtype, capability), capability)
+    assert words[0].constexprs["INTERLEAVED"] == 2
+    assert built_for(compile_qk(qk, words, capability), capability)
 
 
-@contextlib.contextmanager
-def planned_for_a_gpu(qk):
-    """Calls of the compiled module's entry points on meta tensors, planned as for a CUDA GPU;
-    each launch is kept as (plan, pointer dtypes), not made."""
-    launches = []
-    real_plan, real_launch, real_check = qk._plan, qk.launch, qk._check_device
-    qk._plan = lambda *a, **k: real_plan(*a, **{**k, "device": torch.device("cuda")})
-    qk.launch = lambda kernel, plan, pointers: launches.append((plan, [p.dtype for p in pointers]))
-    qk._check_device = lambda x: None
-    try:
-        yield launches
-    finally:
-        qk._plan, qk.launch, qk._check_device = real_plan, real_launch, real_check
-
-
-def serving_and_hf_plans(qk, dtype) -> dict:
-    """{name: (plan, pointer dtypes)} of the cos/sin cache call (per-token positions: half-split
+def serving_and_hf_launches(qk, dtype) -> dict:
+    """{name: launch (``gpu_launch``)} of the cos/sin cache call (per-token positions: half-split
     pairs out of place, interleaved pairs in place, read as words) and Hugging Face's interleaved
     pairings at head_dim 64 (``WORDS_128B_HF_TILES``: Cohere's whole head at 32 q / 8 k heads and
-    16 q / 4 k, GLM's half of it with its table of one entry a pair), as the entry points plan
-    them for a GPU."""
-    def meta(*shape, dtype=dtype):
-        return torch.empty(*shape, device="meta", dtype=dtype)
-
-    plans = {}
-    with planned_for_a_gpu(qk) as launches:
-        positions, cache = meta(4096, dtype=torch.int64), meta(8192, 128, dtype=torch.float32)
-        q, k = meta(4096, 32 * 128), meta(4096, 8 * 128)
-        qk.rope_cos_sin_cache(positions, q, k, 128, cache, True)
-        plans["cache"] = launches[-1]
-        qk.rope_cos_sin_cache(positions, q, k, 128, cache, False, query_out=q, key_out=k)
-        plans["cache, interleaved, in place"] = launches[-1]
-        for name, heads, k_heads, rotary_dim, pairs in (
-                ("cohere", 32, 8, 64, "interleaved"), ("cohere, 16q/4k", 16, 4, 64, "interleaved"),
-                ("glm, half rotary", 32, 8, 32, "glm")):
-            q, k = meta(4, 1024, heads, 64), meta(4, 1024, k_heads, 64)  # [b, s, h, d] memory
-            cos, sin = meta(1, 1024, rotary_dim), meta(1, 1024, rotary_dim)
-            qk.rope_cos_sin(q.transpose(1, 2), k.transpose(1, 2), cos, sin, pairs=pairs)
-            plans[name] = launches[-1]
-    return plans
+    16 q / 4 k, GLM's half of it with its table of one entry a pair)."""
+    positions, cache = meta(4096, dtype=torch.int64), meta(8192, 128, dtype=torch.float32)
+    q, k = meta(4096, 32 * 128, dtype=dtype), meta(4096, 8 * 128, dtype=dtype)
+    launches = {
+        "cache": gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, 128, cache, True)),
+        "cache, interleaved, in place": gpu_launch(qk, lambda: qk.rope_cos_sin_cache(
+            positions, q, k, 128, cache, False, query_out=q, key_out=k))}
+    for name, heads, k_heads, rotary_dim, pairs in (
+            ("cohere", 32, 8, 64, "interleaved"), ("cohere, 16q/4k", 16, 4, 64, "interleaved"),
+            ("glm, half rotary", 32, 8, 32, "glm")):
+        hq = meta(4, 1024, heads, 64, dtype=dtype).transpose(1, 2)  # [b, h, s, d] views
+        hk = meta(4, 1024, k_heads, 64, dtype=dtype).transpose(1, 2)
+        cos, sin = meta(1, 1024, rotary_dim, dtype=dtype), meta(1, 1024, rotary_dim, dtype=dtype)
+        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin, pairs=pairs))
+    return launches
 
 
 @in_compiled_process
@@ -414,14 +392,11 @@ def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capabi
     table of one entry a pair."""
     ptxas_for(capability)
     qk = compiled_modules["rope_qk"]
-    plans = serving_and_hf_plans(qk, dtype)
-    modes = {name: plan.constexprs for name, (plan, _) in plans.items()}
+    launches = serving_and_hf_launches(qk, dtype)
+    modes = {name: plan.constexprs for name, (plan, _) in launches.items()}
     assert modes["cache"]["HAS_POSITIONS"] and modes["cache"]["INTERLEAVED"] == 0
-    assert all(modes[name]["INTERLEAVED"] == 2 for name in plans if name != "cache")
+    assert all(modes[name]["INTERLEAVED"] == 2 for name in launches if name != "cache")
     assert modes["cohere"]["LOADS_FIRST"] == (dtype != torch.float32)
     assert modes["glm, half rotary"]["ANGLES"] == qk.ANGLES["cos_sin_half"]
-    for name, (plan, pointers) in plans.items():
-        with stand_in_driver(capability):
-            compiled = qk.rope_qk_kernel.warmup(*pointers, *plan.scalars, **plan.constexprs,
-                                                num_warps=plan.num_warps, grid=plan.grid)
-        assert built_for(compiled, capability), name
+    for name, launch in launches.items():
+        assert built_for(compile_qk(qk, launch, capability), capability), name
