@@ -263,5 +263,8 @@ def rope_1d(
             HALF=half,
             PASS=pass_width,
             num_warps=num_warps,
+            # Fused multiply-adds on, as Triton 3.6-3.9 compile by default (3.9 warns that the
+            # default turns them off in 3.10).
+            enable_fp_fusion=True,
         )
     return out

@@ -839,16 +839,22 @@ def _config(seq_rows, batch, heads, head_dim, rotary_dim, on_gpu, element_size, 
             ("group_b", group_b), ("num_warps", num_warps))
 
 
+# Launch options of every plan. Fused multiply-adds stay on, as Triton 3.6 to 3.9 compile by
+# default and as the kernels are tested and timed: 3.9 warns that its default turns them off in
+# 3.10, which would change the results' last bits (not their accuracy).
+LAUNCH_OPTIONS = {"enable_fp_fusion": True}
+
+
 class Plan:
     """Everything a launch needs that follows from shapes, strides and flags (not from data).
-    ``options``: launch options besides ``num_warps`` (``launch_pdl``). ``compiled`` is for a
-    launcher that reuses the kernel Triton compiled (the package's)."""
+    ``options``: launch options besides ``num_warps`` (``LAUNCH_OPTIONS``, ``launch_pdl``).
+    ``compiled`` is for a launcher that reuses the kernel Triton compiled (the package's)."""
 
     __slots__ = ("grid", "scalars", "constexprs", "num_warps", "options", "compiled")
 
     def __init__(self, grid, scalars, constexprs, num_warps, options=None):
         self.grid, self.scalars, self.constexprs, self.num_warps = grid, scalars, constexprs, num_warps
-        self.options = options or {}
+        self.options = {**LAUNCH_OPTIONS, **(options or {})}
         self.compiled = {}
 
 

@@ -655,7 +655,7 @@ def test_pdl_only_where_the_gpu_has_it():
         assert plan.constexprs["TOKEN_ROWS"] is token_rows
         assert plan.constexprs["PDL_WAIT"] is want
         assert plan.constexprs["WAIT_FIRST"] is (want and bool((config or {}).get("wait_first")))
-        assert plan.options == (dict(launch_pdl=True) if want else {})
+        assert plan.options == dict(r2.LAUNCH_OPTIONS, **(dict(launch_pdl=True) if want else {}))
         if token_rows:
             (pre,) = (p for k, p in r2._PRE_PLANS.items() if r2._PLANS.get(k) is plan)
             assert pre.constexprs["PDL_TRIGGER"] is want
@@ -693,7 +693,7 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, wait_first, monkeypatch):
         outs.append(out)
         refs.append(rope_2d(t, emb, "thd", cu_seqlens=cu, config=dict(pdl=False)))
     plan = next(p for p in r2._PLANS.values() if p.constexprs["PDL_WAIT"])
-    assert plan.options == dict(launch_pdl=True)
+    assert plan.options == dict(r2.LAUNCH_OPTIONS, launch_pdl=True)
     assert plan.constexprs["WAIT_FIRST"] is wait_first
     for i, (out, ref) in enumerate(zip(outs, refs)):
         assert torch.equal(out, ref), f"pack {i}: differs from the launch without PDL"
@@ -949,3 +949,75 @@ def test_thd_default_takes_the_pre_pass_for_many_sequences(monkeypatch):
                           rope_reference(t.double(), emb, "thd", cu_seqlens=cu), torch.float32)
         plan = r2._PLANS[next(reversed(r2._PLANS))]
         assert plan.constexprs["TOKEN_ROWS"] is expected
+
+
+# Every entry point once, in a fresh process: its results saved for a bitwise comparison.
+# argv: output path, "pinned" or "unpinned" (the package's LAUNCH_OPTIONS emptied: the control).
+_FP_FUSION_SCRIPT = r"""
+import importlib, sys
+import torch
+import rope_kernels
+from rope_kernels import hf
+
+if sys.argv[2] == "unpinned":
+    for name in ("rope_kernels.rope_2d", "rope_kernels.rope_qk"):
+        importlib.import_module(name).LAUNCH_OPTIONS.clear()
+g = torch.Generator(device="cuda").manual_seed(0)
+out = {}
+for dtype in (torch.float32, torch.bfloat16):
+    rnd = lambda *shape: torch.randn(shape, device="cuda", dtype=dtype, generator=g)
+    freqs = rope_kernels.RotaryPositionEmbedding(64)(256).cuda()
+    t = rnd(256, 2, 4, 64)
+    out[f"2d {dtype}"] = rope_kernels.apply_rotary_pos_emb(t, freqs, "sbhd", fused=True)
+    out[f"1d {dtype}"] = rope_kernels.apply_rotary_pos_emb(t, freqs, "sbhd", fused=True,
+                                                          kernel="1d")
+    qkv = rnd(256, 2, 2, 4 * 64)
+    out[f"qkv {dtype}"] = torch.cat(rope_kernels.apply_fused_qkv_rotary_pos_emb(
+        qkv, freqs, freqs, [2 * 64, 64, 64]), 2)
+    q, k = rnd(512, 4 * 64), rnd(512, 2 * 64)
+    angles = freqs[:, 0, 0, :32].float()
+    cache = torch.cat((angles.cos(), angles.sin()), -1)
+    positions = torch.randint(0, 256, (512,), device="cuda", generator=g)
+    out[f"cache {dtype}"] = torch.cat(rope_kernels.apply_rope_with_cos_sin_cache(
+        positions, q, k, 64, cache), -1)
+    cos, sin = torch.cat((angles, angles), -1).cos()[None], torch.cat((angles, angles), -1).sin()[None]
+    qh, kh = rnd(2, 4, 256, 64), rnd(2, 2, 256, 64)
+    out[f"hf {dtype}"] = torch.cat(hf.apply_rotary_pos_emb(qh, kh, cos.to(dtype), sin.to(dtype)), 1)
+torch.save({k: v.cpu() for k, v in out.items()}, sys.argv[1])
+"""
+
+
+@gpu
+def test_fused_multiply_adds_stay_on_whatever_tritons_default(tmp_path):
+    """Every kernel is launched with ``enable_fp_fusion=True`` (``LAUNCH_OPTIONS``; rope_1d's
+    launch), the default of Triton 3.6-3.9, which 3.9 warns turns off in 3.10: with
+    TRITON_DEFAULT_FP_FUSION=0 (3.10's default, early) every entry point gives the same bits as
+    with Triton's default, and no launch leaves Triton to choose (3.9's warning). Control: with the
+    package's options emptied, the same setting changes some results, so the comparison can fail."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "fp_fusion.py"
+    script.write_text(_FP_FUSION_SCRIPT)
+
+    def run(name, pinning, fusion_default):
+        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"cache_{name}"))
+        env.pop("TRITON_DEFAULT_FP_FUSION", None)
+        if fusion_default is not None:
+            env["TRITON_DEFAULT_FP_FUSION"] = fusion_default
+        path = tmp_path / f"{name}.pt"
+        done = subprocess.run([sys.executable, str(script), str(path), pinning], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return torch.load(path), done.stderr
+
+    default, stderr = run("default", "pinned", None)
+    assert "TRITON_DEFAULT_FP_FUSION" not in stderr, stderr[-3000:]
+    off, _ = run("off", "pinned", "0")
+    for key, ref in default.items():
+        assert torch.equal(off[key], ref), f"{key}: TRITON_DEFAULT_FP_FUSION=0 changed the result"
+    control, _ = run("control", "unpinned", "0")
+    assert any(not torch.equal(control[key], default[key])
+               for key in default if not key.startswith("1d")), \
+        "with the options emptied, fusion off should change some result: the test cannot fail"
