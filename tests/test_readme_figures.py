@@ -207,3 +207,30 @@ def test_words_hd64_recordings_are_quoted_as_recorded(path):
     for ratios in (changed, controls):
         quote = f"{min(ratios):.3f}-{max(ratios):.3f}"
         assert quote in NOTES, (path.name, quote)
+
+
+def test_triton_versions_recording_is_quoted_as_recorded():
+    """figures/triton_versions_h200.json (scripts/triton_versions.py): the README and
+    docs/performance_notes.md quote its range and median of 3.9.0 / 3.6 as the file has them, the
+    notes the count of points at 0.98 or more, and each point below 0.98 in their table (its
+    fractions of copy on both versions and its ratio)."""
+    data = json.loads((FIGURES / "triton_versions_h200.json").read_text())
+    ref, (other,) = data["reference"], [v for v in data["summary"]]
+    summary = data["summary"][other]
+    span = f"{summary['ratio_min']:.3f}-{summary['ratio_max']:.3f}"
+    median = f"median {summary['ratio_median']:.3f}"
+    for name, text in (("README", README), ("performance_notes", NOTES)):
+        assert span in text and median in text, (name, span, median)
+    at_least = summary["points"] - summary["below_0.98"]
+    assert f"{at_least} of {summary['points']}" in NOTES
+    behind = {}  # the table's row label -> its points, forward and backward or two calls
+    for key, row in data["points"].items():
+        ratio = row[other][f"ratio_to_{ref}"]
+        if ratio < 0.98:
+            quoted = [f"{row[ref]['copy_frac']:.3f}", f"{row[other]['copy_frac']:.3f}",
+                      f"{ratio:.3f}"]
+            table_rows = [line for line in NOTES.splitlines() if line.startswith("| ")
+                          and all(q in line for q in quoted)]
+            assert table_rows, (key, quoted)
+            behind[key] = table_rows
+    assert len(behind) == summary["below_0.98"]
