@@ -26,17 +26,19 @@ import statistics
 import sys
 import time
 
+import torch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _digest(out) -> str:
+    """SHA-256 (16 hex digits) of a result or tuple of results: shapes, strides, dtypes, bytes."""
     h = hashlib.sha256()
-    for t in ((out,) if hasattr(out, "untyped_storage") else out):
+    for t in ((out,) if torch.is_tensor(out) else out):
         h.update(str((tuple(t.shape), t.stride(), t.dtype)).encode())
-        h.update(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).cpu().numpy()
-                 .tobytes())
+        h.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -112,7 +114,6 @@ def points():
 
 
 def time_all(args) -> None:
-    import torch
     import triton
     from flat_tiles import poisoned
     from rope_kernels.bench import copy_bandwidth_gbps, provenance, time_ms, time_ms_host_ahead
