@@ -145,15 +145,18 @@ def qkv_call(module, p: QKVProblem, backward: bool = False):
 
 
 def calls(module, p: QKProblem, mode: str):
+    """``mode``'s call on ``module``: the cos/sin cache's with the problem's pairing (``is_neox``
+    unless ``p.interleaved``), or Hugging Face's half-split call (``hf_call``)."""
     q, k = p.tokens(p.q), p.tokens(p.k)
     gq, gk = p.tokens(p.gq), p.tokens(p.gk)
+    neox = not p.interleaved
     if mode == "cache out of place":
-        return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache)
+        return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache, neox)
     if mode == "cache in place":
-        return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache,
+        return lambda: module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache, neox,
                                                  query_out=q, key_out=k)
     if mode == "cache backward":
-        return lambda: module.rope_cos_sin_cache(p.positions, gq, gk, p.head_dim, p.cache,
+        return lambda: module.rope_cos_sin_cache(p.positions, gq, gk, p.head_dim, p.cache, neox,
                                                  backward=True)
     return hf_call(module, p, backward=mode != "hf")  # "hf backward"
 

@@ -80,20 +80,7 @@ def points():
         for mode in ("cache out of place", "cache in place", "cache backward"):
             def make(kw=kw, mode=mode):
                 p = QKProblem(**kw)
-                if p.interleaved:  # calls() is half-split's; the same calls, is_neox=False
-                    q, k = p.tokens(p.q), p.tokens(p.k)
-                    gq, gk = p.tokens(p.gq), p.tokens(p.gk)
-                    if mode == "cache out of place":
-                        call = lambda: rope_qk.rope_cos_sin_cache(  # noqa: E731
-                            p.positions, q, k, p.head_dim, p.cache, False)
-                    elif mode == "cache in place":
-                        call = lambda: rope_qk.rope_cos_sin_cache(  # noqa: E731
-                            p.positions, q, k, p.head_dim, p.cache, False, query_out=q, key_out=k)
-                    else:
-                        call = lambda: rope_qk.rope_cos_sin_cache(  # noqa: E731
-                            p.positions, gq, gk, p.head_dim, p.cache, False, backward=True)
-                else:
-                    call = calls(rope_qk, p, mode)
+                call = calls(rope_qk, p, mode)  # is_neox=False where p.interleaved
                 return (call, call), p.nbytes
             direction = "backward" if mode == "cache backward" else "forward"
             out.append((f"{mode.replace(' backward', '')} {name}", direction, make))
