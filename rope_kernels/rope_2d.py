@@ -63,11 +63,11 @@ def _positions(
         hi = s_idx * 0 + seq_hi
         for _ in range(search_steps):
             mid = (lo + hi) // 2
-            go_right = tl.load(cu_seqlens_ptr + mid) // cp_size <= s_idx
+            go_right = _local(tl.load(cu_seqlens_ptr + mid), cp_size, USE_CP) <= s_idx
             lo = tl.where(go_right, mid, lo)
             hi = tl.where(go_right, hi, mid)
-        seq_begin = tl.load(cu_seqlens_ptr + lo) // cp_size
-        cur_len = tl.load(cu_seqlens_ptr + lo + 1) // cp_size - seq_begin
+        seq_begin = _local(tl.load(cu_seqlens_ptr + lo), cp_size, USE_CP)
+        cur_len = _local(tl.load(cu_seqlens_ptr + lo + 1), cp_size, USE_CP) - seq_begin
         local = s_idx - seq_begin
     else:
         lo = s_idx
@@ -91,28 +91,52 @@ def _positions(
 
 
 @triton.jit
-def _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, BOUNDS: tl.constexpr):
+def _local(bound, cp_size, USE_CP: tl.constexpr):
+    """A boundary of cu_seqlens in this rank's tokens: divided by cp_size only with context
+    parallelism (a runtime division costs a dozen instructions per boundary)."""
+    if USE_CP:
+        bound = bound // cp_size
+    return bound
+
+
+@triton.jit
+def _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, BOUNDS: tl.constexpr,
+                    USE_CP: tl.constexpr, BOUNDS_EACH: tl.constexpr):
     """Sequence holding each token ``s_idx`` in a pack of few sequences (``n_seqs + 1 <= BOUNDS``):
     one load of every boundary, shared by the tile's tokens, and for each token a count of the
     boundaries at or below it. The last of them opens its sequence; an empty sequence repeats a
     boundary, and the count steps over it. One round trip to the cache where the binary search
-    makes ceil(log2(n_seqs)) dependent ones."""
-    b = tl.arange(0, BOUNDS)
-    bound = tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647) // cp_size
-    below = tl.sum((bound[None, :] <= s_idx[:, None]).to(tl.int32), axis=1)
+    makes ceil(log2(n_seqs)) dependent ones.
+
+    ``BOUNDS_EACH``: every token loads the boundaries itself, as a ``[tokens, BOUNDS]`` tile (the
+    same lines, from L1) already in the layout of the count, where one load shared by the tokens
+    must be moved to it. Triton 3.9 moves that load through shared memory and 30 more registers
+    (3.6 keeps it in registers), which made one-warp tiles of 2 tokens x 8 heads 5-12% slower
+    at 64 and 128 sequences; loaded this way they are not. Tiles on more warps, or of one token,
+    ran faster with the shared load (docs/performance_notes.md)."""
+    if BOUNDS_EACH:
+        b = tl.arange(0, BOUNDS)[None, :] + s_idx[:, None] * 0
+        bound = _local(tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647),
+                       cp_size, USE_CP)
+        below = tl.sum((bound <= s_idx[:, None]).to(tl.int32), axis=1)
+    else:
+        b = tl.arange(0, BOUNDS)
+        bound = _local(tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647),
+                       cp_size, USE_CP)
+        below = tl.sum((bound[None, :] <= s_idx[:, None]).to(tl.int32), axis=1)
     # Rows past the last token (masked) count every boundary: keep all rows in range.
     return tl.minimum(tl.maximum(below - 1, 0), n_seqs - 1)
 
 
 @triton.jit
-def _narrow(cu_seqlens_ptr, token, lo, hi, cp_size, FANOUT: tl.constexpr):
+def _narrow(cu_seqlens_ptr, token, lo, hi, cp_size, FANOUT: tl.constexpr, USE_CP: tl.constexpr):
     """One round of a FANOUT-ary search for the sequence of one ``token``: from cu[lo] <= token <
     cu[hi] to a range FANOUT times smaller, with one vector load of FANOUT boundaries spread
     over [lo, hi) (a binary search would take log2(FANOUT) dependent loads for the same)."""
     step = (hi - lo + FANOUT - 1) // FANOUT
     idx = lo + tl.arange(0, FANOUT) * step
     inside = idx < hi
-    bound = tl.load(cu_seqlens_ptr + idx, mask=inside, other=0) // cp_size
+    bound = _local(tl.load(cu_seqlens_ptr + idx, mask=inside, other=0), cp_size, USE_CP)
     below = tl.sum((inside & (bound <= token)).to(tl.int32), axis=0)  # >= 1: idx[0] = lo
     new_lo = lo + (below - 1) * step
     return new_lo, tl.minimum(new_lo + step, hi)
@@ -150,8 +174,8 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
     inside = token < n_tokens
     # The guess (int64: token * n_seqs can pass 2**31) and its check, one load pair per token.
     guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), n_seqs - 1)
-    guess_begin = tl.load(cu_seqlens_ptr + guess, mask=inside, other=0) // cp_size
-    guess_end = tl.load(cu_seqlens_ptr + guess + 1, mask=inside, other=0) // cp_size
+    guess_begin = _local(tl.load(cu_seqlens_ptr + guess, mask=inside, other=0), cp_size, USE_CP)
+    guess_end = _local(tl.load(cu_seqlens_ptr + guess + 1, mask=inside, other=0), cp_size, USE_CP)
     hit = ((guess_begin <= token) & (token < guess_end)) | (token >= n_tokens)
     if tl.min(hit.to(tl.int32), axis=0) == 1:
         # Each token's sequence is known: a search of zero steps over [guess, guess + 1).
@@ -164,8 +188,9 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
         lo_last = lo
         hi_last = hi
         for _ in range(narrow_rounds):
-            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT)
-            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT)
+            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT, USE_CP)
+            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
+                                       USE_CP)
         steps = lo * 0  # ceil(log2(hi_last - lo)): the binary search's iterations over the run
         span = hi_last - lo
         while span > 1:
@@ -374,6 +399,7 @@ def rope_2d_kernel(
     IS_THD: tl.constexpr,
     TOKEN_ROWS: tl.constexpr,  # thd: table rows per token precomputed by thd_positions_kernel
     SEQ_BOUNDS: tl.constexpr,  # thd, few sequences: power of two >= n_seqs + 1 (else 0: search)
+    BOUNDS_EACH: tl.constexpr,  # SEQ_BOUNDS: each token loads the boundaries (_count_sequence)
     PDL_WAIT: tl.constexpr,  # launched as the pre-pass's programmatic dependent: wait for its rows
     WAIT_FIRST: tl.constexpr,  # PDL_WAIT: wait before the x loads rather than after them
     HAS_START: tl.constexpr,
@@ -502,7 +528,8 @@ def rope_2d_kernel(
             tl.extra.cuda.gdc_wait()
         pos = tl.load(cu_seqlens_ptr + s_idx, mask=s_mask, other=0)
     elif SEQ_BOUNDS > 0:
-        seq = _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, SEQ_BOUNDS)
+        seq = _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, SEQ_BOUNDS, USE_CP,
+                              BOUNDS_EACH)
         pos = _positions(s_idx, seq_len, cu_seqlens_ptr, start_positions_ptr, seq, seq + 1, 0,
                          cp_size, cp_rank, IS_THD, HAS_START, USE_CP)
     else:
@@ -1002,6 +1029,8 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         IS_THD=is_thd,
         TOKEN_ROWS=bool(cfg["token_rows"]),
         SEQ_BOUNDS=seq_bounds,
+        # One-warp tiles of several tokens (_count_sequence).
+        BOUNDS_EACH=seq_bounds > 0 and cfg["num_warps"] == 1 and cfg["block_s"] > 1,
         PDL_WAIT=pdl,
         WAIT_FIRST=pdl and bool(cfg["wait_first"]),
         HAS_START=start_positions is not None,

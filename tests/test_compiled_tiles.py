@@ -20,6 +20,11 @@ And that the kernels build, each for its own target, for other GPUs: a T4 (sm_75
 (sm_80), an L4 or RTX 40 (sm_89), a B200 (sm_100) and an RTX 50 (sm_120), in bf16, fp16 and fp32,
 the thd path through programmatic dependent launch from sm_90 (they have run on sm_90 only).
 
+And, on Triton 3.6 to 3.9, that thd's one-warp count tiles (2 tokens x 8 heads of 128, 32-128
+sequences) keep the boundaries of cu_seqlens in registers: Triton 3.9.0 moved the one load the
+tile's tokens shared through shared memory and 30 more registers, and ran 64 and 128 sequences
+5-12% slower on an H200 than 3.6, until each token loaded them itself (``BOUNDS_EACH``).
+
 On a version not named, or without Triton's CUDA backend and its binaries, the tests skip.
 """
 
@@ -39,12 +44,15 @@ import triton
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHECKED = ("3.6.", "3.7.")  # the HF call's code was read on both; the rest on 3.7.1 only
+COUNT_CHECKED = ("3.6.", "3.7.", "3.8.", "3.9.")  # thd's count tiles: read on each
 ON_37 = triton.__version__.startswith("3.7.")
 NVIDIA_BIN = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 pytestmark = pytest.mark.skipif(
-    not triton.__version__.startswith(CHECKED) or not (NVIDIA_BIN / "ptxas").exists(),
-    reason=f"compiled code checked on triton {CHECKED} with its CUDA backend's binaries")
+    not triton.__version__.startswith(COUNT_CHECKED) or not (NVIDIA_BIN / "ptxas").exists(),
+    reason=f"compiled code checked on triton {COUNT_CHECKED} with its CUDA backend's binaries")
+read_on_checked = pytest.mark.skipif(not triton.__version__.startswith(CHECKED),
+                                     reason=f"compiled code checked on triton {CHECKED}")
 
 
 @contextlib.contextmanager
@@ -183,6 +191,7 @@ def compile_qk(qk, launch, capability=90):
                                         num_warps=plan.num_warps, grid=plan.grid)
 
 
+@read_on_checked
 def test_hf_transposed_whole_rows_use_no_shared_memory(compiled_modules):
     """The q+k kernel's whole-row tiles keep each token's cos/sin in its threads' registers."""
     qk = compiled_modules["rope_qk"]
@@ -238,6 +247,7 @@ def test_rope_2d_bshd_tile_registers(compiled_modules):
     assert registers(compile_rope_2d_bshd(compiled_modules["rope_2d"])) <= 64
 
 
+@read_on_checked
 @pytest.mark.parametrize("backward", [False, True])
 def test_rope_2d_reads_its_angle_table_evict_last(compiled_modules, backward):
     """The angle table's loads carry the evict_last hint (rope_2d._table: every batch element
@@ -266,6 +276,7 @@ in_compiled_process = pytest.mark.skipif(
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
+@read_on_checked
 @pytest.mark.skipif(not INTERPRETING, reason="the other-GPU tests run in this process")
 def test_other_gpus_in_a_compiled_process():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
@@ -287,6 +298,7 @@ def built_for(compiled, capability) -> bool:
             and compiled.metadata.shared <= 48 * 1024)
 
 
+@read_on_checked
 @pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
 def test_thd_plans_take_pdl_from_sm_90(compiled_modules, capability, monkeypatch):
     """What the builds below assume of each GPU: ``_pdl_available`` (compiled kernels on an
@@ -310,6 +322,7 @@ def ptxas_for(capability):
         pytest.skip(f"no {name} in triton's CUDA backend")
 
 
+@read_on_checked
 @in_compiled_process
 @pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -347,6 +360,7 @@ def test_rope_2d_compiles_for_other_gpus(compiled_modules, capability, dtype):
     assert built_for(compiled, capability) and uses_pdl(compiled) == pdl
 
 
+@read_on_checked
 @in_compiled_process
 @pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -383,6 +397,7 @@ def serving_and_hf_launches(qk, dtype) -> dict:
     return launches
 
 
+@read_on_checked
 @in_compiled_process
 @pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -400,3 +415,37 @@ def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capabi
     assert modes["glm, half rotary"]["ANGLES"] == qk.ANGLES["cos_sin_half"]
     for name, launch in launches.items():
         assert built_for(compile_qk(qk, launch, capability), capability), name
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="the count-tile tests run in this process")
+def test_thd_count_tiles_in_a_compiled_process():
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", "-k", "count_tiles_keep"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-4000:]
+
+
+@in_compiled_process
+@pytest.mark.parametrize("n_seqs", [32, 64, 128])
+@pytest.mark.parametrize("backward", [False, True])
+def test_thd_one_warp_count_tiles_keep_the_boundaries_in_registers(compiled_modules, n_seqs,
+                                                                   backward):
+    """thd, 131072 tokens of 8 heads of 128 in bf16, in 32, 64 and 128 sequences: default_config
+    gives tiles of 2 tokens on one warp that count the boundaries, each token loading them
+    (``BOUNDS_EACH``). Compiled for sm_90: no shared memory and at most 100 registers (the
+    shared load: 512 B and 127-128 registers on 3.9.0; loaded as one [1, BOUNDS] row, 2 KB and
+    104-128 registers at 32 sequences on 3.6; 96-100 with neither, on 3.6 to 3.9)."""
+    r2 = compiled_modules["rope_2d"]
+    t = meta(131072, 8, 128, dtype=torch.bfloat16)
+    freqs = meta(8192, 1, 1, 128, dtype=torch.float32)
+    cu_seqlens = meta(n_seqs + 1, dtype=torch.int32)
+    plan = rope_2d_gpu_plan(r2, t, freqs, "thd", cu_seqlens, backward=backward,
+                            config={"fast_trig": True})
+    c = plan.constexprs
+    assert (plan.num_warps, c["BLOCK_S"], c["BLOCK_H"], c["ROW"], c["TOKEN_ROWS"]) == (
+        1, 2, 8, 128, False)
+    assert c["SEQ_BOUNDS"] == r2._next_pow2(n_seqs + 1) and c["BOUNDS_EACH"]
+    compiled = compile_rope_2d(r2, plan, torch.bfloat16)
+    assert compiled.metadata.shared == 0
+    assert registers(compiled) <= 100

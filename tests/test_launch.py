@@ -700,12 +700,14 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, wait_first, monkeypatch):
     assert_rope_close(outs[-1], rope_reference(t.double(), emb, "thd", cu_seqlens=cu), dtype)
 
 
+@pytest.mark.parametrize("one_warp", [False, True])
 @pytest.mark.parametrize("n_seqs", [1, 2, 7, 31, 127, 128, 200])
-def test_thd_count_of_boundaries(n_seqs, seed):
+def test_thd_count_of_boundaries(n_seqs, one_warp, seed):
     """Every tile counts the boundaries below its tokens while n_seqs + 1 fits COUNT_BOUNDS_MAX
     (token_rows forced off past TOKEN_ROWS_ABOVE): sequences of 0-5 tokens, so empty ones repeat
     boundaries, tiles of 4 tokens span several sequences and the last one is partial, and start
-    positions come from each token's sequence.
+    positions come from each token's sequence. Both loads of the boundaries: one shared by the
+    tile's tokens (2 warps), and one per token (BOUNDS_EACH: one warp, several tokens).
     Output poisoned with NaN, against the reference."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 6, (n_seqs,), generator=g)
@@ -718,9 +720,11 @@ def test_thd_count_of_boundaries(n_seqs, seed):
     t = randn((int(cu[-1]), 2, 8), torch.float32, seed)
     r2._PLANS.clear()
     out = torch.full_like(t, float("nan"))
-    rope_2d(t, emb, "thd", sp, cu_seqlens=cu, out=out, config=dict(token_rows=False, block_s=4))
+    rope_2d(t, emb, "thd", sp, cu_seqlens=cu, out=out,
+            config=dict(token_rows=False, block_s=4, num_warps=1 if one_warp else 2))
     (plan,) = r2._PLANS.values()
     assert plan.constexprs["SEQ_BOUNDS"] == 1 << n_seqs.bit_length()  # next power of 2 >= n + 1
+    assert plan.constexprs["BOUNDS_EACH"] is one_warp
     assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, cu_seqlens=cu), torch.float32)
 
 
