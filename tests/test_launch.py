@@ -700,11 +700,13 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, wait_first, monkeypatch):
     assert_rope_close(outs[-1], rope_reference(t.double(), emb, "thd", cu_seqlens=cu), dtype)
 
 
+@pytest.mark.parametrize("cp_size", [1, 2])
 @pytest.mark.parametrize("one_warp", [False, True])
 @pytest.mark.parametrize("n_seqs", [1, 2, 7, 31, 127, 128, 200])
-def test_thd_count_of_boundaries(n_seqs, one_warp, seed):
+def test_thd_count_of_boundaries(n_seqs, one_warp, cp_size, seed):
     """Every tile counts the boundaries below its tokens while n_seqs + 1 fits COUNT_BOUNDS_MAX
-    (token_rows forced off past TOKEN_ROWS_ABOVE): sequences of 0-5 tokens, so empty ones repeat
+    (token_rows forced off past TOKEN_ROWS_ABOVE): sequences of 0-5 tokens (x 2 on each of 2
+    context-parallel ranks, whose boundaries are cu_seqlens // cp_size), so empty ones repeat
     boundaries, tiles of 4 tokens span several sequences and the last one is partial, and start
     positions come from each token's sequence. Both loads of the boundaries: one shared by the
     tile's tokens (2 warps), and one per token (BOUNDS_EACH: one warp, several tokens).
@@ -712,20 +714,27 @@ def test_thd_count_of_boundaries(n_seqs, one_warp, seed):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 6, (n_seqs,), generator=g)
     lengths[-1] += 1  # at least one token
-    if int(lengths.sum()) % 4 == 0:
+    if int(lengths.sum()) % (2 if cp_size > 1 else 4) == 0:
         lengths[-1] += 1  # a partial last tile of block_s = 4 tokens
+    if cp_size > 1:
+        lengths = lengths * 2 * cp_size  # global lengths: two equal chunks on each rank
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32).to(DEVICE)
     sp = torch.randint(0, 7, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)
-    emb = RotaryPositionEmbedding(8, device=DEVICE)(16)
-    t = randn((int(cu[-1]), 2, 8), torch.float32, seed)
+    emb = RotaryPositionEmbedding(8, device=DEVICE)(32)
+    t = randn((int(cu[-1]) // cp_size, 2, 8), torch.float32, seed)
+    assert t.shape[0] % 4  # the last tile is partial
+    cp_rank = cp_size - 1
     r2._PLANS.clear()
     out = torch.full_like(t, float("nan"))
-    rope_2d(t, emb, "thd", sp, cu_seqlens=cu, out=out,
+    rope_2d(t, emb, "thd", sp, cu_seqlens=cu, out=out, cp_size=cp_size, cp_rank=cp_rank,
             config=dict(token_rows=False, block_s=4, num_warps=1 if one_warp else 2))
     (plan,) = r2._PLANS.values()
     assert plan.constexprs["SEQ_BOUNDS"] == 1 << n_seqs.bit_length()  # next power of 2 >= n + 1
     assert plan.constexprs["BOUNDS_EACH"] is one_warp
-    assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, cu_seqlens=cu), torch.float32)
+    assert plan.constexprs["USE_CP"] is (cp_size > 1)
+    ref = rope_reference(t.double(), emb, "thd", sp, cu_seqlens=cu, cp_size=cp_size,
+                         cp_rank=cp_rank)
+    assert_rope_close(out, ref, torch.float32)
 
 
 def test_thd_count_slot():
