@@ -659,7 +659,8 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       tile on 1 warp moved -1.3 to +0.1. With fewer boundaries 1 warp is far behind: 2 warps ->
       1 warp at 16 random-cut sequences 0.970 -> 0.866, 16 of 8192 tokens 0.964 -> 0.867, 4
       sequences 0.939 -> 0.914, against 0.910 -> 0.961 at 32 and 0.902 -> 0.965 at 64 (forward,
-      5 shuffled rounds, figures/thd_count_warps_h200.json).
+      5 shuffled rounds, figures/thd_count_warps_h200.json). Such one-warp tiles load the
+      boundaries per token (``BOUNDS_EACH``, see _count_sequence).
     - ``whole_rows``: on a GPU, 16-bit half-split rows of at least WHOLE_ROW_BYTES (head_dim 128
       and up) keep the tile and warps chosen above, in every format and in place too, but move
       it as whole rows: each row loaded once, its channels' partners again (the same lines,
