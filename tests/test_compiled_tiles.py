@@ -276,15 +276,21 @@ in_compiled_process = pytest.mark.skipif(
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
+def assert_passed_in_a_compiled_process(selection: str, ran: int):
+    """This file's tests matching ``-k selection`` run in a process with the interpreter off:
+    all ``ran`` of them pass."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", "-k", selection], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0 and f"{ran} passed" in proc.stdout, proc.stdout[-4000:]
+
+
 @read_on_checked
 @pytest.mark.skipif(not INTERPRETING, reason="the other-GPU tests run in this process")
 def test_other_gpus_in_a_compiled_process():
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-                           "-o", "addopts=", "-k", "compiles_for_other_gpus"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
     ran = 3 * len(OTHER_GPUS) * len(DTYPES)  # the three tests below
-    assert proc.returncode == 0 and f"{ran} passed" in proc.stdout, proc.stdout[-4000:]
+    assert_passed_in_a_compiled_process("compiles_for_other_gpus", ran)
 
 
 def built_for(compiled, capability) -> bool:
@@ -419,11 +425,7 @@ def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capabi
 
 @pytest.mark.skipif(not INTERPRETING, reason="the count-tile tests run in this process")
 def test_thd_count_tiles_in_a_compiled_process():
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider",
-                           "-o", "addopts=", "-k", "count_tiles_keep"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-4000:]
+    assert_passed_in_a_compiled_process("count_tiles_keep", 6)  # the test below
 
 
 @in_compiled_process
