@@ -1,0 +1,154 @@
+"""The thd pre-pass's guess as an integer division (the package) against the same guess in float64
+(a candidate, not in the package), on a GPU: the pre-pass alone and the whole call.
+
+    python scripts/thd_pre_pass_guess.py [--out FILE.json] [--rounds N]
+
+The pre-pass (``rope_2d.thd_positions_kernel``) first guesses each token's sequence as if every
+sequence had the same length: ``token * n_seqs // n_tokens``. The product can pass 2**31, so it is
+an int64 division, which sm_90 code makes a call to a slow division routine per token. The
+candidate computes ``floor((token + 1/2) * (n_seqs / n_tokens))`` in float64: one division per
+program, a multiply per token, exact for equal lengths (the half token keeps the quotient
+1/(2L) clear of an integer) and checked like the integer guess elsewhere.
+
+Both sides are ``rope_kernels/rope_2d.py`` as a standalone file (Triton's own launch), the
+candidate made from it by replacing the guess line (the script stops if that line is not found),
+loaded twice in one process. Packs of 131072 tokens (8 heads, head_dim 128: 2 KB token rows in
+bf16) cut at random into 256-65536 sequences, or into equal lengths, one of 32 heads and one in
+fp32, forward and backward: every output compared bit for bit between the two (DIFF lines), and
+the pre-pass's rows too. Entries: the whole call as (time_ms_host_ahead, do_bench) fractions of the
+device copy; ``pre``: the pre-pass alone in microseconds (time_ms_host_ahead); ``copy same``: a copy
+of the pack's bytes. Medians over shuffled rounds; results are written after every round from the
+second on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import random
+import sys
+import tempfile
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rope_kernels.bench import (Problem, copy_bandwidth_gbps, provenance,  # noqa: E402
+                                time_ms, time_ms_host_ahead)
+
+INT_GUESS = ("    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), "
+             "n_seqs - 1)\n")
+FLOAT_GUESS = ("    seqs_per_token = n_seqs.to(tl.float64) / n_tokens.to(tl.float64)\n"
+               "    guess = tl.minimum(((token.to(tl.float64) + 0.5) * seqs_per_token)"
+               ".to(tl.int32), n_seqs - 1)\n")
+
+
+def load_variants(folder: pathlib.Path) -> dict:
+    source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
+    if source.count(INT_GUESS) != 1:
+        sys.exit("rope_2d.py's pre-pass guess is not the integer division this script replaces")
+    modules = {}
+    for name, text in (("int", source), ("float64", source.replace(INT_GUESS, FLOAT_GUESS))):
+        path = folder / f"rope_2d_{name}_guess.py"  # a file: @triton.jit reads the source
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[name])
+    return modules
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="figures/thd_pre_pass_guess_h200.json")
+    parser.add_argument("--rounds", type=int, default=3, help="2 or more")
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds: 2 or more (results are written from the second round on)")
+    folder = pathlib.Path(tempfile.mkdtemp())
+    versions = load_variants(folder)
+    copy = copy_bandwidth_gbps()
+    packs = {f"h8 random {n}": Problem("thd", seq_len=8192, batch=16, heads=8, n_seqs=n)
+             for n in (256, 4096, 16384, 65536)}
+    packs["h8 uniform 16384x8"] = Problem("thd", seq_len=8, batch=16384, heads=8)
+    packs["h8 uniform 512x256"] = Problem("thd", seq_len=256, batch=512, heads=8)
+    packs["h32 random 4096"] = Problem("thd", seq_len=4096, batch=16, heads=32, n_seqs=4096)
+    packs["h8 fp32 random 16384"] = Problem("thd", dtype="fp32", seq_len=8192, batch=16, heads=8,
+                                            n_seqs=16384)
+    fns, nbytes = {}, {}
+    for pname, p in packs.items():
+        x = p.t
+        for direction in ("fwd", "bwd"):
+            first = None
+            for vname, m in versions.items():
+                o = torch.full_like(x, float("nan"))
+
+                def call(x=x, p=p, o=o, m=m, bwd=direction == "bwd"):
+                    m.rope_2d(x, p.freqs, "thd", cu_seqlens=p.cu_seqlens, out=o, backward=bwd)
+                call()
+                torch.cuda.synchronize()
+                if first is None:
+                    first = o.clone()
+                elif not torch.equal(o, first):
+                    print("DIFF", pname, direction, vname)
+                fns[(pname, f"{direction} {vname}")] = call
+        first = None
+        for vname, m in versions.items():
+            rows = torch.full((x.shape[0],), -1, dtype=torch.int32, device=x.device)
+            plan = m.pre_pass_plan(x.shape[0], p.n_seqs)
+
+            def pre(m=m, plan=plan, p=p, rows=rows):
+                m.launch(m.thd_positions_kernel, plan, (p.cu_seqlens, p.cu_seqlens, rows))
+            pre()
+            torch.cuda.synchronize()
+            if first is None:
+                first = rows.clone()
+            elif not torch.equal(rows, first):
+                print("DIFF rows", pname, vname)
+            fns[(pname, f"pre {vname}")] = pre
+        co = torch.empty_like(x)
+        fns[(pname, "copy same")] = lambda co=co, x=x: co.copy_(x)
+        nbytes[pname] = (p.nbytes, 2 * x.numel() * x.element_size())
+
+    keys = list(fns)
+    results = {k: [] for k in keys}
+    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    for r in range(args.rounds):
+        random.shuffle(keys)
+        for k in keys:
+            pname, what = k
+            if what.startswith("pre"):
+                results[k].append((time_ms_host_ahead(fns[k]) * 1e3,))
+                continue
+            by = nbytes[pname][1 if what == "copy same" else 0]
+            frac = lambda t: by / t / 1e6 / copy  # noqa: E731
+            results[k].append((frac(time_ms_host_ahead(fns[k])), frac(time_ms(fns[k]))))
+        print("round", r, flush=True)
+        if r == 0:
+            continue
+        table = {}
+        for (pname, what), v in results.items():
+            table.setdefault(pname, {})[what] = [round(median([e[i] for e in v]), 4)
+                                                 for i in range(len(v[0]))]
+        prov = provenance(copy, "probe")
+        prov.update(command=f"python scripts/thd_pre_pass_guess.py --out {args.out} "
+                            f"--rounds {args.rounds}", rounds_done=r + 1,
+                    timing="whole calls: [time_ms_host_ahead, do_bench] medians as fractions "
+                           "of copy_gbps; pre: time_ms_host_ahead medians in microseconds")
+        pathlib.Path(args.out).write_text(json.dumps(dict(provenance=prov, table=table),
+                                                      indent=1))
+    print(f"copy {copy:.0f} GB/s; whole call: fraction of copy (host ahead / do_bench); "
+          "pre-pass alone: us")
+    for pname, t in table.items():
+        ratio = "  ".join(f"{d} float64/int {t[d + ' float64'][0] / t[d + ' int'][0]:.4f}"
+                          for d in ("fwd", "bwd"))
+        print(f"{pname:22s} fwd {t['fwd int'][0]:.3f} -> {t['fwd float64'][0]:.3f}  "
+              f"bwd {t['bwd int'][0]:.3f} -> {t['bwd float64'][0]:.3f}  {ratio}  "
+              f"pre {t['pre int'][0]:.2f} -> {t['pre float64'][0]:.2f} us  "
+              f"copy same {t['copy same'][0]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
