@@ -114,16 +114,14 @@ def _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, BOUNDS: tl.constexpr
     (3.6 keeps it in registers), which made one-warp tiles of 2 tokens x 8 heads 5-12% slower
     at 64 and 128 sequences; loaded this way they are not. Tiles on more warps, or of one token,
     ran faster with the shared load (docs/performance_notes.md)."""
+    b = tl.arange(0, BOUNDS)
     if BOUNDS_EACH:
-        b = tl.arange(0, BOUNDS)[None, :] + s_idx[:, None] * 0
-        bound = _local(tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647),
-                       cp_size, USE_CP)
-        below = tl.sum((bound <= s_idx[:, None]).to(tl.int32), axis=1)
-    else:
-        b = tl.arange(0, BOUNDS)
-        bound = _local(tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647),
-                       cp_size, USE_CP)
-        below = tl.sum((bound[None, :] <= s_idx[:, None]).to(tl.int32), axis=1)
+        b = b[None, :] + s_idx[:, None] * 0  # [tokens, BOUNDS]
+    bound = _local(tl.load(cu_seqlens_ptr + b, mask=b <= n_seqs, other=2147483647),
+                   cp_size, USE_CP)
+    if not BOUNDS_EACH:
+        bound = bound[None, :]  # the shared load, a [BOUNDS] vector, broadcast to the tokens
+    below = tl.sum((bound <= s_idx[:, None]).to(tl.int32), axis=1)
     # Rows past the last token (masked) count every boundary: keep all rows in range.
     return tl.minimum(tl.maximum(below - 1, 0), n_seqs - 1)
 

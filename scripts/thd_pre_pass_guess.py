@@ -10,9 +10,10 @@ candidate computes ``floor((token + 1/2) * (n_seqs / n_tokens))`` in float64: on
 program, a multiply per token, exact for equal lengths (the half token keeps the quotient
 1/(2L) clear of an integer) and checked like the integer guess elsewhere.
 
-Both sides are ``rope_kernels/rope_2d.py`` as a standalone file (Triton's own launch), the
-candidate made from it by replacing the guess line (the script stops if that line is not found),
-loaded twice in one process. Packs of 131072 tokens (8 heads, head_dim 128: 2 KB token rows in
+Both sides are ``rope_kernels/rope_2d.py``, the candidate made from it by replacing the guess line
+(the script stops if that line is not found), loaded twice in one process as modules launched like
+the package's (``qk_table_hint.module_copy``; the recorded figure, at 1a565b8, launched them
+through Triton's own dispatch). Packs of 131072 tokens (8 heads, head_dim 128: 2 KB token rows in
 bf16) cut at random into 256-65536 sequences, or into equal lengths, one of 32 heads and one in
 fp32, forward and backward: every output compared bit for bit between the two (DIFF lines), and
 the pre-pass's rows too. Entries: the whole call as (time_ms_host_ahead, do_bench) fractions of the
@@ -24,10 +25,7 @@ second on.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import pathlib
-import random
 import sys
 import tempfile
 
@@ -35,9 +33,11 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-from rope_kernels.bench import (Problem, copy_bandwidth_gbps, provenance,  # noqa: E402
-                                time_ms, time_ms_host_ahead)
+from qk_table_hint import module_copy  # noqa: E402
+from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
+from thd_sides import timed_rounds, whole_calls  # noqa: E402
 
 INT_GUESS = ("    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), "
              "n_seqs - 1)\n")
@@ -47,6 +47,8 @@ FLOAT_GUESS = ("    seqs_per_token = n_seqs.to(tl.float64) / n_tokens.to(tl.floa
 
 
 def load_variants(folder: pathlib.Path) -> dict:
+    """The package's rope_2d.py and the candidate made from it, as modules launched like the
+    package's (``qk_table_hint.module_copy``)."""
     source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
     if source.count(INT_GUESS) != 1:
         sys.exit("rope_2d.py's pre-pass guess is not the integer division this script replaces")
@@ -54,9 +56,7 @@ def load_variants(folder: pathlib.Path) -> dict:
     for name, text in (("int", source), ("float64", source.replace(INT_GUESS, FLOAT_GUESS))):
         path = folder / f"rope_2d_{name}_guess.py"  # a file: @triton.jit reads the source
         path.write_text(text)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(modules[name])
+        modules[name] = module_copy(path.stem, path)
     return modules
 
 
@@ -77,27 +77,12 @@ def main():
     packs["h32 random 4096"] = Problem("thd", seq_len=4096, batch=16, heads=32, n_seqs=4096)
     packs["h8 fp32 random 16384"] = Problem("thd", dtype="fp32", seq_len=8192, batch=16, heads=8,
                                             n_seqs=16384)
-    fns, nbytes = {}, {}
+    calls, nbytes, _ = whole_calls(versions, packs)
     for pname, p in packs.items():
-        x = p.t
-        for direction in ("fwd", "bwd"):
-            first = None
-            for vname, m in versions.items():
-                o = torch.full_like(x, float("nan"))
-
-                def call(x=x, p=p, o=o, m=m, bwd=direction == "bwd"):
-                    m.rope_2d(x, p.freqs, "thd", cu_seqlens=p.cu_seqlens, out=o, backward=bwd)
-                call()
-                torch.cuda.synchronize()
-                if first is None:
-                    first = o.clone()
-                elif not torch.equal(o, first):
-                    print("DIFF", pname, direction, vname)
-                fns[(pname, f"{direction} {vname}")] = call
         first = None
         for vname, m in versions.items():
-            rows = torch.full((x.shape[0],), -1, dtype=torch.int32, device=x.device)
-            plan = m.pre_pass_plan(x.shape[0], p.n_seqs)
+            rows = torch.full((p.t.shape[0],), -1, dtype=torch.int32, device=p.t.device)
+            plan = m.pre_pass_plan(p.t.shape[0], p.n_seqs)
 
             def pre(m=m, plan=plan, p=p, rows=rows):
                 m.launch(m.thd_positions_kernel, plan, (p.cu_seqlens, p.cu_seqlens, rows))
@@ -107,38 +92,13 @@ def main():
                 first = rows.clone()
             elif not torch.equal(rows, first):
                 print("DIFF rows", pname, vname)
-            fns[(pname, f"pre {vname}")] = pre
-        co = torch.empty_like(x)
-        fns[(pname, "copy same")] = lambda co=co, x=x: co.copy_(x)
-        nbytes[pname] = (p.nbytes, 2 * x.numel() * x.element_size())
-
-    keys = list(fns)
-    results = {k: [] for k in keys}
-    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-    for r in range(args.rounds):
-        random.shuffle(keys)
-        for k in keys:
-            pname, what = k
-            if what.startswith("pre"):
-                results[k].append((time_ms_host_ahead(fns[k]) * 1e3,))
-                continue
-            by = nbytes[pname][1 if what == "copy same" else 0]
-            frac = lambda t: by / t / 1e6 / copy  # noqa: E731
-            results[k].append((frac(time_ms_host_ahead(fns[k])), frac(time_ms(fns[k]))))
-        print("round", r, flush=True)
-        if r == 0:
-            continue
-        table = {}
-        for (pname, what), v in results.items():
-            table.setdefault(pname, {})[what] = [round(median([e[i] for e in v]), 4)
-                                                 for i in range(len(v[0]))]
-        prov = provenance(copy, "probe")
-        prov.update(command=f"python scripts/thd_pre_pass_guess.py --out {args.out} "
-                            f"--rounds {args.rounds}", rounds_done=r + 1,
-                    timing="whole calls: [time_ms_host_ahead, do_bench] medians as fractions "
-                           "of copy_gbps; pre: time_ms_host_ahead medians in microseconds")
-        pathlib.Path(args.out).write_text(json.dumps(dict(provenance=prov, table=table),
-                                                      indent=1))
+            calls[(pname, f"pre {vname}")] = pre
+    table = timed_rounds(
+        calls, nbytes, copy, args.rounds, args.out,
+        f"python scripts/thd_pre_pass_guess.py --out {args.out} --rounds {args.rounds}",
+        dict(timing="whole calls: [time_ms_host_ahead, do_bench] medians as fractions of "
+                    "copy_gbps; pre: time_ms_host_ahead medians in microseconds"),
+        microseconds=lambda what: what.startswith("pre"))
     print(f"copy {copy:.0f} GB/s; whole call: fraction of copy (host ahead / do_bench); "
           "pre-pass alone: us")
     for pname, t in table.items():
