@@ -27,7 +27,6 @@ Results are written after every round from the second on.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import pathlib
 import sys
@@ -39,7 +38,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import timed_rounds, whole_calls  # noqa: E402
+from thd_sides import (arguments, eight_head_packs, print_sides,  # noqa: E402
+                       timed_rounds, whole_calls)
 
 r2 = importlib.import_module("rope_kernels.rope_2d")  # the module; the package exports the function
 
@@ -97,21 +97,13 @@ def angle_rows_module(name: str, rows: int, folder: pathlib.Path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="figures/thd_angle_rows_h200.json")
-    parser.add_argument("--rounds", type=int, default=3, help="2 or more")
-    args = parser.parse_args()
-    if args.rounds < 2:
-        parser.error("--rounds: 2 or more (results are written from the second round on)")
+    args = arguments(__doc__, "figures/thd_angle_rows_h200.json")
     folder = pathlib.Path(tempfile.mkdtemp())
     versions = {"package": r2,
                 "4 rows": angle_rows_module("rope_2d_angle_rows_4", 4, folder),
                 "every row": angle_rows_module("rope_2d_angle_rows_all", 2**20, folder)}
     copy = copy_bandwidth_gbps()
-    packs = {f"h8 random {n}": Problem("thd", seq_len=8192, batch=16, heads=8, n_seqs=n)
-             for n in (256, 4096, 16384, 65536)}
-    packs["h8 uniform 16384x8"] = Problem("thd", seq_len=8, batch=16384, heads=8)
-    packs["h8 uniform 512x256"] = Problem("thd", seq_len=256, batch=512, heads=8)
+    packs = eight_head_packs()
     packs["h8 fp16 random 16384"] = Problem("thd", dtype="fp16", seq_len=8192, batch=16, heads=8,
                                             n_seqs=16384)
     packs["h16 random 4096"] = Problem("thd", seq_len=8192, batch=16, heads=16, n_seqs=4096)
@@ -119,16 +111,10 @@ def main():
     packs["h8 d256 random 4096"] = Problem("thd", seq_len=8192, batch=8, heads=8, head_dim=256,
                                            n_seqs=4096)
     calls, nbytes, diffs = whole_calls(versions, packs)
-    table = timed_rounds(
-        calls, nbytes, copy, args.rounds, args.out,
-        f"python scripts/thd_angle_rows.py --out {args.out} --rounds {args.rounds}",
-        dict(differing_outputs=diffs,
-             timing="[time_ms_host_ahead, do_bench] medians as fractions of copy_gbps"))
-    print(f"copy {copy:.0f} GB/s; fraction of copy (host ahead), package / 4 rows / every row")
-    for pname, t in table.items():
-        sides = "  ".join(f"{d} " + " / ".join(f"{t[f'{d} {v}'][0]:.3f}" for v in versions)
-                          for d in ("fwd", "bwd"))
-        print(f"{pname:22s} {sides}  copy same {t['copy same'][0]:.3f}")
+    table = timed_rounds(calls, nbytes, copy, args, "thd_angle_rows.py",
+                         dict(differing_outputs=diffs))
+    print_sides(table, versions, f"copy {copy:.0f} GB/s; fraction of copy (host ahead), "
+                                 "package / 4 rows / every row")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ second on.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 import tempfile
@@ -37,7 +36,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import timed_rounds, whole_calls  # noqa: E402
+from thd_sides import (arguments, eight_head_packs, print_sides,  # noqa: E402
+                       timed_rounds, whole_calls)
 
 INT_GUESS = ("    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), "
              "n_seqs - 1)\n")
@@ -61,19 +61,11 @@ def load_variants(folder: pathlib.Path) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="figures/thd_pre_pass_guess_h200.json")
-    parser.add_argument("--rounds", type=int, default=3, help="2 or more")
-    args = parser.parse_args()
-    if args.rounds < 2:
-        parser.error("--rounds: 2 or more (results are written from the second round on)")
+    args = arguments(__doc__, "figures/thd_pre_pass_guess_h200.json")
     folder = pathlib.Path(tempfile.mkdtemp())
     versions = load_variants(folder)
     copy = copy_bandwidth_gbps()
-    packs = {f"h8 random {n}": Problem("thd", seq_len=8192, batch=16, heads=8, n_seqs=n)
-             for n in (256, 4096, 16384, 65536)}
-    packs["h8 uniform 16384x8"] = Problem("thd", seq_len=8, batch=16384, heads=8)
-    packs["h8 uniform 512x256"] = Problem("thd", seq_len=256, batch=512, heads=8)
+    packs = eight_head_packs()
     packs["h32 random 4096"] = Problem("thd", seq_len=4096, batch=16, heads=32, n_seqs=4096)
     packs["h8 fp32 random 16384"] = Problem("thd", dtype="fp32", seq_len=8192, batch=16, heads=8,
                                             n_seqs=16384)
@@ -94,8 +86,7 @@ def main():
                 print("DIFF rows", pname, vname)
             calls[(pname, f"pre {vname}")] = pre
     table = timed_rounds(
-        calls, nbytes, copy, args.rounds, args.out,
-        f"python scripts/thd_pre_pass_guess.py --out {args.out} --rounds {args.rounds}",
+        calls, nbytes, copy, args, "thd_pre_pass_guess.py",
         dict(timing="whole calls: [time_ms_host_ahead, do_bench] medians as fractions of "
                     "copy_gbps; pre: time_ms_host_ahead medians in microseconds"),
         microseconds=lambda what: what.startswith("pre"))

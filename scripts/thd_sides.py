@@ -1,9 +1,11 @@
-"""What the thd A/B scripts share (``thd_pre_pass_guess.py``, ``thd_angle_rows.py``): each side's
-whole calls on the same packs, checked bit for bit against the first side's, and their timing in
-shuffled rounds, written as a table after every round from the second on."""
+"""What the thd A/B scripts share (``thd_pre_pass_guess.py``, ``thd_angle_rows.py``,
+``thd_first_wave.py``): their arguments, the 8-head packs, each side's whole calls on the same
+packs checked bit for bit against the first side's, their timing in shuffled rounds (written as a
+table after every round from the second on), and the table printed side by side."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import random
@@ -14,7 +16,29 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from rope_kernels.bench import provenance, time_ms, time_ms_host_ahead  # noqa: E402
+from rope_kernels.bench import Problem, provenance, time_ms, time_ms_host_ahead  # noqa: E402
+
+
+def arguments(doc: str, default_out: str) -> argparse.Namespace:
+    """``--out`` (the JSON written) and ``--rounds`` (2 or more) of a script with docstring
+    ``doc``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=default_out)
+    parser.add_argument("--rounds", type=int, default=3, help="2 or more")
+    args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds: 2 or more (results are written from the second round on)")
+    return args
+
+
+def eight_head_packs() -> dict:
+    """131072 tokens of 8 heads of 128 (2 KB token rows in bf16) cut at random into 256, 4096,
+    16384 and 65536 sequences, and into 16384 x 8 and 512 x 256 equal ones."""
+    packs = {f"h8 random {n}": Problem("thd", seq_len=8192, batch=16, heads=8, n_seqs=n)
+             for n in (256, 4096, 16384, 65536)}
+    packs["h8 uniform 16384x8"] = Problem("thd", seq_len=8, batch=16384, heads=8)
+    packs["h8 uniform 512x256"] = Problem("thd", seq_len=256, batch=512, heads=8)
+    return packs
 
 
 def whole_calls(sides: dict, packs: dict) -> tuple[dict, dict, list]:
@@ -50,21 +74,21 @@ def whole_calls(sides: dict, packs: dict) -> tuple[dict, dict, list]:
     return calls, nbytes, diffs
 
 
-def timed_rounds(calls: dict, nbytes: dict, copy_gbps: float, rounds: int, out: str,
-                 command: str, extra: Optional[dict] = None,
+def timed_rounds(calls: dict, nbytes: dict, copy_gbps: float, args: argparse.Namespace,
+                 script: str, extra: Optional[dict] = None,
                  microseconds: Callable[[str], bool] = lambda what: False) -> dict:
     """Time every entry of ``calls`` once per round, in a new shuffled order each round, as
     [time_ms_host_ahead, do_bench] fractions of ``copy_gbps`` (the copy's own bytes for ``copy
     same``, the call's otherwise); entries whose name ``microseconds`` picks are timed in
     microseconds with the host kept ahead only (do_bench is slow on a call of a few
-    microseconds). From the second round on, the medians so far are written to ``out`` with the
-    run's provenance (``command``; ``extra`` added). Returns the last table:
-    {pack: {name: [medians]}}."""
+    microseconds). ``args.rounds`` rounds; from the second on, the medians so far are written to
+    ``args.out`` with the run's provenance (the command that ran ``scripts/<script>``; ``extra``
+    added). Returns the last table: {pack: {name: [medians]}}."""
     keys = list(calls)
     results = {k: [] for k in keys}
     median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
     table = {}
-    for r in range(rounds):
+    for r in range(args.rounds):
         random.shuffle(keys)
         for k in keys:
             pname, what = k
@@ -82,6 +106,18 @@ def timed_rounds(calls: dict, nbytes: dict, copy_gbps: float, rounds: int, out: 
             table.setdefault(pname, {})[what] = [round(median([e[i] for e in v]), 4)
                                                  for i in range(len(v[0]))]
         prov = provenance(copy_gbps, "probe")
-        prov.update(command=command, rounds_done=r + 1, **(extra or {}))
-        pathlib.Path(out).write_text(json.dumps(dict(provenance=prov, table=table), indent=1))
+        prov.update(command=f"python scripts/{script} --out {args.out} --rounds {args.rounds}",
+                    rounds_done=r + 1,
+                    timing="[time_ms_host_ahead, do_bench] medians as fractions of copy_gbps",
+                    **(extra or {}))
+        pathlib.Path(args.out).write_text(json.dumps(dict(provenance=prov, table=table), indent=1))
     return table
+
+
+def print_sides(table: dict, sides, legend: str):
+    """One line per pack: each side's fraction of copy (host ahead) forward, then backward."""
+    print(legend)
+    for pname, t in table.items():
+        line = "  ".join(f"{d} " + " / ".join(f"{t[f'{d} {v}'][0]:.3f}" for v in sides)
+                         for d in ("fwd", "bwd"))
+        print(f"{pname:22s} {line}  copy same {t['copy same'][0]:.3f}")
