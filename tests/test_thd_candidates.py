@@ -1,0 +1,92 @@
+"""The thd A/B scripts' candidates are made from rope_2d.py by text and must compute what the
+package computes, bit for bit, or their timings compare different work:
+``scripts/thd_first_wave.py`` (the first programs search cu_seqlens instead of waiting for the
+pre-pass) and ``scripts/thd_angle_rows.py`` (cos/sin on more of the tile's rows). Each script
+stops if rope_2d.py no longer has the text it replaces; loading it here is that check. Runs on
+CPU (interpreter, which has no programmatic dependent launch) and GPU (with it, where the GPU
+has it)."""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+import tempfile
+
+import pytest
+import torch
+
+from conftest import DEVICE, ROOT, load_file, randn
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return pathlib.Path(tempfile.mkdtemp())
+
+
+@pytest.fixture(scope="module")
+def first_wave(folder):
+    script = load_file(ROOT / "scripts" / "thd_first_wave.py", "thd_first_wave")
+    # 1 program per SM: on a GPU some programs search and the rest wait (see pack below);
+    # 1000: all of them search.
+    return script, {k: script.first_wave_module(k, folder) for k in (1, 1000)}
+
+
+@pytest.fixture(scope="module")
+def angle_rows(folder):
+    script = load_file(ROOT / "scripts" / "thd_angle_rows.py", "thd_angle_rows")
+    return script, {"4 rows": script.angle_rows_module("angle_rows_4", 4, folder),
+                    "every row": script.angle_rows_module("angle_rows_all", 2**20, folder)}
+
+
+def pack(cp_size, seed):
+    """Sequences of mixed lengths, one of them empty, each a multiple of 2 * cp_size tokens;
+    more of them on a GPU, whose first wave is at least one program per SM."""
+    lens = [6, 72, 2, 0, 122, 34, 8]
+    if DEVICE.type == "cuda":
+        lens = lens * 40
+    lens = [2 * cp_size * ((n + 2 * cp_size - 1) // (2 * cp_size)) for n in lens]
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=DEVICE)
+    x = randn((int(cu_seqlens[-1]) // cp_size, 4, 64), torch.float32, seed=seed)
+    freqs = randn((4096, 1, 1, 48), torch.float32, seed=seed + 1)
+    start = torch.randint(0, 50, (len(lens),), generator=torch.Generator().manual_seed(seed),
+                          dtype=torch.int32).to(DEVICE)
+    return x, freqs, cu_seqlens, start
+
+
+def same_bits(module, reference, x, freqs, cu_seqlens, config, **kwargs):
+    """``module``'s rope_2d into a NaN-filled output, against the package's."""
+    out = torch.full_like(x, float("nan"))
+    module.rope_2d(x, freqs, "thd", cu_seqlens=cu_seqlens, out=out, config=config, **kwargs)
+    ref = reference.rope_2d(x, freqs, "thd", cu_seqlens=cu_seqlens, config=config, **kwargs)
+    return torch.equal(out, ref)
+
+
+# Whole rows and pairs, forward and backward; the second case with start positions and context
+# parallelism (rank 1 of 2), which the first programs' own search must apply as the pre-pass does.
+CASES = [(False, False, False), (True, True, False), (True, False, True), (False, True, True)]
+
+
+@pytest.mark.parametrize("whole_rows, backward, cp_and_start", CASES)
+def test_first_wave_candidate_gives_the_package_bits(first_wave, whole_rows, backward,
+                                                     cp_and_start, seed):
+    script, modules = first_wave
+    cp_size = 2 if cp_and_start else 1
+    x, freqs, cu_seqlens, start = pack(cp_size, seed)
+    config = dict(token_rows=True, whole_rows=whole_rows, block_s=2, block_h=4, num_warps=2)
+    kwargs = dict(backward=backward)
+    if cp_and_start:
+        kwargs.update(cp_size=2, cp_rank=1, start_positions=start)
+    for per_sm, module in modules.items():
+        assert same_bits(module, script.r2, x, freqs, cu_seqlens, config, **kwargs), per_sm
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_angle_rows_candidates_give_the_package_bits(angle_rows, backward, seed):
+    script, modules = angle_rows
+    x, freqs, cu_seqlens, _ = pack(1, seed)
+    config = dict(token_rows=True, whole_rows=True, block_s=2, block_h=4, num_warps=2)
+    for name, module in modules.items():
+        plan = module._make_plan(x, freqs, torch.empty_like(x), "thd", cu_seqlens, None, False,
+                                 1, 0, backward, config)
+        assert plan.constexprs["ANGLE_ROWS"] == (4 if name == "4 rows" else 8)  # 2 x 4 rows
+        assert same_bits(module, script.r2, x, freqs, cu_seqlens, config, backward=backward), name
