@@ -17,7 +17,7 @@ per thread and the bf16 rows 8 per thread. The candidates remove it:
 
 Both are ``rope_kernels/rope_2d.py`` with its whole-row cos/sin line replaced by text (the script
 stops if the line is not found) and the plan's ``ANGLE_ROWS`` set to 4 or to the tile's rows,
-loaded as modules launched like the package's (``qk_table_hint.module_copy``). Packs of 131072
+loaded as modules launched like the package's (``thd_sides.rope_2d_variant``). Packs of 131072
 tokens cut at random into 256-65536 sequences or into equal lengths, 8, 16 and 32 heads, fp16,
 head_dim 256; forward and backward; every output compared bit for bit with the package's (DIFF
 lines: the cos/sin are the same numbers, so none is expected). Entries: (time_ms_host_ahead,
@@ -36,16 +36,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import (arguments, eight_head_packs, print_sides,  # noqa: E402
-                       timed_rounds, whole_calls)
+from thd_sides import (arguments, eight_head_packs, new_constexpr,  # noqa: E402
+                       print_sides, rope_2d_variant, timed_rounds, whole_calls)
 
 r2 = importlib.import_module("rope_kernels.rope_2d")  # the module; the package exports the function
 
-PARAMETER = ("                                 # the partners' sines in registers, else 0 (see "
-             "_cos_sin_row)\n):\n")
-ANGLE_ROWS_PARAMETER = PARAMETER.replace("\n):", "\n    ANGLE_ROWS: tl.constexpr = 0,\n):")
 # The package's whole-row cos/sin: one [BLOCK_S, ROW] tile, broadcast to the rows.
 PER_TOKEN = """\
         cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
@@ -74,26 +70,14 @@ PER_ANGLE_ROW = """\
 def angle_rows_module(name: str, rows: int, folder: pathlib.Path):
     """rope_2d.py with the candidate's cos/sin, its plans' whole-row tiles of token rows given
     ``ANGLE_ROWS`` = ``rows`` (at least BLOCK_S, at most the tile's rows)."""
-    source = pathlib.Path(r2.__file__).read_text()
-    if source.count(PARAMETER) != 1 or source.count(PER_TOKEN) != 1:
-        sys.exit("rope_2d.py's kernel signature or whole-row cos/sin is not what this script "
-                 "replaces: update it")
-    path = folder / f"{name}.py"  # a file: @triton.jit reads the source
-    path.write_text(source.replace(PARAMETER, ANGLE_ROWS_PARAMETER)
-                    .replace(PER_TOKEN, PER_ANGLE_ROW))
-    module = module_copy(name, path)
-    make_plan = module._make_plan
-
-    def with_angle_rows(*args, **kwargs):
-        plan = make_plan(*args, **kwargs)
+    def angle_rows(plan, t):
         c = plan.constexprs
         if c["ROW"] and c["TOKEN_ROWS"]:
             tile_rows = c["BLOCK_S"] * c["BLOCK_B"] * c["BLOCK_H"]
             c["ANGLE_ROWS"] = min(max(rows, c["BLOCK_S"]), tile_rows)
-        return plan
 
-    module._make_plan = with_angle_rows
-    return module
+    return rope_2d_variant(name, [new_constexpr("ANGLE_ROWS: tl.constexpr = 0"),
+                                  (PER_TOKEN, PER_ANGLE_ROW)], folder, angle_rows)
 
 
 def main():

@@ -14,10 +14,11 @@ The candidate: programs ``pid < search_below`` search ``cu_seqlens`` for their t
 themselves (the binary search the package's tiles use without the pre-pass) and never wait;
 the rest wait for the pre-pass and load its rows as the package does. ``search_below`` is
 ``per_sm`` programs for each SM: 0 (the candidate's code, waiting like the package), 8, 16, 32
-and 64. It is ``rope_kernels/rope_2d.py`` with three pieces replaced by text (the script stops
-if one is not found): the kernel's parameters (``bounds_ptr``, ``search_below``,
+and 64. It is ``rope_kernels/rope_2d.py`` with pieces replaced by text (the script stops if one
+is not found): the kernel's new parameters (``bounds_ptr``, ``search_below``,
 ``FIRST_WAVE_SEARCH``), its two waits, and the main launch, which passes ``cu_seqlens`` as
-``bounds_ptr``. Each side is loaded as its own module with Triton's own launch.
+``bounds_ptr``; its plans carry ``search_below`` and ``FIRST_WAVE_SEARCH``. Each side is loaded as
+its own module, launched like the package's (``thd_sides.rope_2d_variant``).
 
 Packs as in ``thd_angle_rows.py``' 8-head ones, and 32 heads; forward and backward; every
 output compared bit for bit with the package's (DIFF lines: the rows are the same numbers, so
@@ -33,30 +34,33 @@ yet run on a GPU.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import pathlib
 import sys
 import tempfile
+
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import (arguments, eight_head_packs, print_sides,  # noqa: E402
-                       timed_rounds, whole_calls)
+from thd_sides import (arguments, eight_head_packs, new_constexpr,  # noqa: E402
+                       print_sides, rope_2d_variant, timed_rounds, whole_calls)
 
 r2 = importlib.import_module("rope_kernels.rope_2d")  # the module; the package exports the function
 
 PER_SM = (0, 8, 16, 32, 64)
 
-PARAMETERS = ("                                 # the partners' sines in registers, else 0 (see "
-              "_cos_sin_row)\n):\n")
-FIRST_WAVE_PARAMETERS = PARAMETERS.replace("\n):", """
-    bounds_ptr=None,  # FIRST_WAVE_SEARCH: cu_seqlens (cu_seqlens_ptr holds the token rows)
-    search_below=0,  # FIRST_WAVE_SEARCH: programs below this search, the rest wait
-    FIRST_WAVE_SEARCH: tl.constexpr = False,
-):""")
+# The kernel's new parameters: cu_seqlens itself as a sixth pointer (with the pre-pass,
+# cu_seqlens_ptr holds the token rows), the number of programs that search as the last scalar,
+# and the switch.
+POINTER = "    start_positions_ptr,\n    seq_len,"
+FIRST_WAVE_POINTER = POINTER.replace(
+    "\n    seq_len,", "\n    bounds_ptr,  # FIRST_WAVE_SEARCH: cu_seqlens\n    seq_len,")
+SCALAR = "    group_b,  # batch blocks per group (see the program order below)\n"
+FIRST_WAVE_SCALAR = SCALAR + (
+    "    search_below,  # FIRST_WAVE_SEARCH: programs below this search, the rest wait\n")
 EARLY_WAIT = """\
     if TOKEN_ROWS and PDL_WAIT and WAIT_FIRST:
 """
@@ -85,35 +89,27 @@ MAIN_LAUNCH = """\
                                   start_positions if start_positions is not None else t))
 """
 FIRST_WAVE_MAIN_LAUNCH = """\
-    if plan.constexprs["TOKEN_ROWS"] and FIRST_WAVE_PER_SM:
-        n_sm = torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 1
-        rope_2d_kernel[plan.grid](t, freqs, out, seq_info,
+    launch(rope_2d_kernel, plan, (t, freqs, out, seq_info,
                                   start_positions if start_positions is not None else t,
-                                  *plan.scalars, **plan.constexprs, bounds_ptr=cu_seqlens,
-                                  search_below=FIRST_WAVE_PER_SM * n_sm, FIRST_WAVE_SEARCH=True,
-                                  num_warps=plan.num_warps, **plan.options)
-    else:
-""" + "".join("    " + line for line in MAIN_LAUNCH.splitlines(True))
+                                  cu_seqlens if is_thd else t))
+"""
 
 
 def first_wave_module(per_sm: int, folder: pathlib.Path):
     """rope_2d.py with the candidate, ``per_sm`` programs per SM searching (0: none)."""
-    source = pathlib.Path(r2.__file__).read_text()
-    pieces = ((PARAMETERS, FIRST_WAVE_PARAMETERS), (EARLY_WAIT, FIRST_WAVE_EARLY_WAIT),
-              (ROWS_LOAD, FIRST_WAVE_ROWS_LOAD), (MAIN_LAUNCH, FIRST_WAVE_MAIN_LAUNCH))
-    for old, new in pieces:
-        if source.count(old) != 1:
-            sys.exit(f"rope_2d.py no longer has this piece, which the script replaces: update "
-                     f"it\n{old}")
-        source = source.replace(old, new)
-    source += f"\n\nFIRST_WAVE_PER_SM = {per_sm}\n"
-    name = f"rope_2d_first_wave_{per_sm}"
-    path = folder / f"{name}.py"  # a file: @triton.jit reads the source
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    def search_below(plan, t):
+        first_wave = per_sm > 0 and plan.constexprs["TOKEN_ROWS"]
+        n_sm = torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 1
+        plan.scalars = (*plan.scalars, per_sm * n_sm if first_wave else 0)
+        plan.constexprs["FIRST_WAVE_SEARCH"] = first_wave
+
+    return rope_2d_variant(
+        f"rope_2d_first_wave_{per_sm}",
+        [(POINTER, FIRST_WAVE_POINTER), (SCALAR, FIRST_WAVE_SCALAR),
+         new_constexpr("FIRST_WAVE_SEARCH: tl.constexpr = False"),
+         (EARLY_WAIT, FIRST_WAVE_EARLY_WAIT),
+         (ROWS_LOAD, FIRST_WAVE_ROWS_LOAD), (MAIN_LAUNCH, FIRST_WAVE_MAIN_LAUNCH)],
+        folder, search_below)
 
 
 def main():

@@ -12,7 +12,7 @@ program, a multiply per token, exact for equal lengths (the half token keeps the
 
 Both sides are ``rope_kernels/rope_2d.py``, the candidate made from it by replacing the guess line
 (the script stops if that line is not found), loaded twice in one process as modules launched like
-the package's (``qk_table_hint.module_copy``; the recorded figure, at 1a565b8, launched them
+the package's (``thd_sides.rope_2d_variant``; the recorded figure, at 1a565b8, launched them
 through Triton's own dispatch). Packs of 131072 tokens (8 heads, head_dim 128: 2 KB token rows in
 bf16) cut at random into 256-65536 sequences, or into equal lengths, one of 32 heads and one in
 fp32, forward and backward: every output compared bit for bit between the two (DIFF lines), and
@@ -34,9 +34,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import (arguments, eight_head_packs, print_sides,  # noqa: E402
+from thd_sides import (arguments, eight_head_packs, rope_2d_variant,  # noqa: E402
                        timed_rounds, whole_calls)
 
 INT_GUESS = ("    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), "
@@ -48,16 +47,10 @@ FLOAT_GUESS = ("    seqs_per_token = n_seqs.to(tl.float64) / n_tokens.to(tl.floa
 
 def load_variants(folder: pathlib.Path) -> dict:
     """The package's rope_2d.py and the candidate made from it, as modules launched like the
-    package's (``qk_table_hint.module_copy``)."""
-    source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
-    if source.count(INT_GUESS) != 1:
-        sys.exit("rope_2d.py's pre-pass guess is not the integer division this script replaces")
-    modules = {}
-    for name, text in (("int", source), ("float64", source.replace(INT_GUESS, FLOAT_GUESS))):
-        path = folder / f"rope_2d_{name}_guess.py"  # a file: @triton.jit reads the source
-        path.write_text(text)
-        modules[name] = module_copy(path.stem, path)
-    return modules
+    package's."""
+    return {"int": rope_2d_variant("rope_2d_int_guess", [], folder),
+            "float64": rope_2d_variant("rope_2d_float64_guess", [(INT_GUESS, FLOAT_GUESS)],
+                                       folder)}
 
 
 def main():

@@ -1,7 +1,8 @@
 """What the thd A/B scripts share (``thd_pre_pass_guess.py``, ``thd_angle_rows.py``,
-``thd_first_wave.py``): their arguments, the 8-head packs, each side's whole calls on the same
-packs checked bit for bit against the first side's, their timing in shuffled rounds (written as a
-table after every round from the second on), and the table printed side by side."""
+``thd_first_wave.py``): their arguments, their candidates made from rope_2d.py by text, the 8-head
+packs, each side's whole calls on the same packs checked bit for bit against the first side's,
+their timing in shuffled rounds (written as a table after every round from the second on), and the
+table printed side by side."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from typing import Callable, Optional
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels.bench import Problem, provenance, time_ms, time_ms_host_ahead  # noqa: E402
 
 
@@ -29,6 +33,46 @@ def arguments(doc: str, default_out: str) -> argparse.Namespace:
     if args.rounds < 2:
         parser.error("--rounds: 2 or more (results are written from the second round on)")
     return args
+
+
+# The last line of rope_2d_kernel's parameters and the signature's close.
+KERNEL_SIGNATURE_END = ("                                 # the partners' sines in registers, "
+                        "else 0 (see _cos_sin_row)\n):\n")
+
+
+def new_constexpr(declaration: str) -> tuple[str, str]:
+    """The replacement (for ``rope_2d_variant``) that adds ``declaration`` (``"NAME:
+    tl.constexpr = default"``) as rope_2d_kernel's last parameter."""
+    return (KERNEL_SIGNATURE_END,
+            KERNEL_SIGNATURE_END.replace("\n):", f"\n    {declaration},\n):"))
+
+
+def rope_2d_variant(name: str, replacements, folder: pathlib.Path,
+                    adjust_plan: Optional[Callable] = None):
+    """``rope_kernels/rope_2d.py`` with each ``(old, new)`` of ``replacements`` made (the script
+    stops if an ``old`` is not there exactly once), written to ``folder`` (``@triton.jit`` reads
+    a kernel's source from its file) and loaded as the module ``name``, launched like the
+    package's (``qk_table_hint.module_copy``). ``adjust_plan(plan, t)``, if given, edits every
+    launch plan the module makes for a tensor ``t``."""
+    source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
+    for old, new in replacements:
+        if source.count(old) != 1:
+            sys.exit(f"rope_2d.py no longer has this text, which {name} replaces: update the "
+                     f"script\n{old}")
+        source = source.replace(old, new)
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    module = module_copy(name, path)
+    if adjust_plan is not None:
+        make_plan = module._make_plan
+
+        def adjusted(t, *args, **kwargs):
+            plan = make_plan(t, *args, **kwargs)
+            adjust_plan(plan, t)
+            return plan
+
+        module._make_plan = adjusted
+    return module
 
 
 def eight_head_packs() -> dict:

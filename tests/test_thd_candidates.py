@@ -53,15 +53,14 @@ def pack(cp_size, seed):
     return x, freqs, cu_seqlens, start
 
 
-def same_bits(module, reference, x, freqs, cu_seqlens, config, **kwargs):
-    """``module``'s rope_2d into a NaN-filled output, against the package's."""
+def rotated(module, x, freqs, cu_seqlens, config, **kwargs):
+    """``module``'s rope_2d of ``x`` into a NaN-filled output."""
     out = torch.full_like(x, float("nan"))
     module.rope_2d(x, freqs, "thd", cu_seqlens=cu_seqlens, out=out, config=config, **kwargs)
-    ref = reference.rope_2d(x, freqs, "thd", cu_seqlens=cu_seqlens, config=config, **kwargs)
-    return torch.equal(out, ref)
+    return out
 
 
-# Whole rows and pairs, forward and backward; the second case with start positions and context
+# Whole rows and pairs, forward and backward; the last two cases with start positions and context
 # parallelism (rank 1 of 2), which the first programs' own search must apply as the pre-pass does.
 CASES = [(False, False, False), (True, True, False), (True, False, True), (False, True, True)]
 
@@ -76,8 +75,9 @@ def test_first_wave_candidate_gives_the_package_bits(first_wave, whole_rows, bac
     kwargs = dict(backward=backward)
     if cp_and_start:
         kwargs.update(cp_size=2, cp_rank=1, start_positions=start)
+    ref = rotated(script.r2, x, freqs, cu_seqlens, config, **kwargs)
     for per_sm, module in modules.items():
-        assert same_bits(module, script.r2, x, freqs, cu_seqlens, config, **kwargs), per_sm
+        assert torch.equal(rotated(module, x, freqs, cu_seqlens, config, **kwargs), ref), per_sm
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -85,8 +85,10 @@ def test_angle_rows_candidates_give_the_package_bits(angle_rows, backward, seed)
     script, modules = angle_rows
     x, freqs, cu_seqlens, _ = pack(1, seed)
     config = dict(token_rows=True, whole_rows=True, block_s=2, block_h=4, num_warps=2)
+    ref = rotated(script.r2, x, freqs, cu_seqlens, config, backward=backward)
     for name, module in modules.items():
         plan = module._make_plan(x, freqs, torch.empty_like(x), "thd", cu_seqlens, None, False,
                                  1, 0, backward, config)
         assert plan.constexprs["ANGLE_ROWS"] == (4 if name == "4 rows" else 8)  # 2 x 4 rows
-        assert same_bits(module, script.r2, x, freqs, cu_seqlens, config, backward=backward), name
+        assert torch.equal(rotated(module, x, freqs, cu_seqlens, config, backward=backward),
+                           ref), name
