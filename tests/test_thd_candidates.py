@@ -1,7 +1,8 @@
 """The thd A/B scripts' candidates are made from rope_2d.py by text and must compute what the
 package computes, bit for bit, or their timings compare different work:
 ``scripts/thd_first_wave.py`` (the first programs search cu_seqlens instead of waiting for the
-pre-pass) and ``scripts/thd_angle_rows.py`` (cos/sin on more of the tile's rows). Each script
+pre-pass), ``scripts/thd_angle_rows.py`` (cos/sin on more of the tile's rows) and
+``scripts/thd_pre_pass_rounds.py`` (the pre-pass's loads of a round sent together). Each script
 stops if rope_2d.py no longer has the text it replaces; loading it here is that check. Runs on
 CPU (interpreter, which has no programmatic dependent launch) and GPU (with it, where the GPU
 has it)."""
@@ -36,6 +37,12 @@ def angle_rows(folder):
     script = load_file(ROOT / "scripts" / "thd_angle_rows.py", "thd_angle_rows")
     return script, {"4 rows": script.angle_rows_module("angle_rows_4", 4, folder),
                     "every row": script.angle_rows_module("angle_rows_all", 2**20, folder)}
+
+
+@pytest.fixture(scope="module")
+def pre_pass_rounds(folder):
+    script = load_file(ROOT / "scripts" / "thd_pre_pass_rounds.py", "thd_pre_pass_rounds")
+    return script, script.load_sides(folder)["rounds together"]
 
 
 def pack(cp_size, seed):
@@ -92,3 +99,38 @@ def test_angle_rows_candidates_give_the_package_bits(angle_rows, backward, seed)
         assert plan.constexprs["ANGLE_ROWS"] == (4 if name == "4 rows" else 8)  # 2 x 4 rows
         assert torch.equal(rotated(module, x, freqs, cu_seqlens, config, backward=backward),
                            ref), name
+
+
+@pytest.mark.parametrize("n_seqs, cp_and_start", [(700, False), (700, True), (40, True),
+                                                  (300, False)])
+def test_pre_pass_rounds_candidate_gives_the_package_rows(pre_pass_rounds, n_seqs, cp_and_start,
+                                                          seed):
+    """Token rows of the pre-pass alone, then whole calls. 700 and 300 sequences take two rounds
+    of the 256-ary search, 40 one; lengths 0-10 at random (blocks of 256 tokens span dozens of
+    sequences, some empty); 300 sequences of 4 tokens each, where the guess holds everywhere."""
+    script, candidate = pre_pass_rounds
+    cp_size = 2 if cp_and_start else 1
+    g = torch.Generator().manual_seed(seed)
+    if n_seqs == 300:
+        lens = torch.full((n_seqs,), 4)
+    else:
+        lens = 2 * cp_size * torch.randint(0, 6, (n_seqs,), generator=g)
+    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(
+        torch.int32).to(DEVICE)
+    n_tokens = int(cu_seqlens[-1]) // cp_size
+    start = torch.randint(0, 50, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)
+    rows = {}
+    for name, m in (("package", script.r2), ("candidate", candidate)):
+        rows[name] = torch.full((n_tokens,), -1, dtype=torch.int32, device=DEVICE)
+        plan = m.pre_pass_plan(n_tokens, n_seqs, cp_size, cp_size - 1, cp_and_start)
+        assert plan.scalars[2] == (1 if n_seqs <= 256 else 2)  # rounds of the search
+        m.launch(m.thd_positions_kernel, plan,
+                 (cu_seqlens, start if cp_and_start else cu_seqlens, rows[name]))
+    assert (rows["package"] >= 0).all()
+    assert torch.equal(rows["candidate"], rows["package"])
+    x = randn((n_tokens, 2, 32), torch.float32, seed=seed)
+    freqs = randn((4096, 1, 1, 32), torch.float32, seed=seed + 1)
+    config = dict(token_rows=True, whole_rows=True, block_s=32, block_h=2, num_warps=2)
+    kwargs = dict(cp_size=2, cp_rank=1, start_positions=start) if cp_and_start else {}
+    assert torch.equal(rotated(candidate, x, freqs, cu_seqlens, config, **kwargs),
+                       rotated(script.r2, x, freqs, cu_seqlens, config, **kwargs))
