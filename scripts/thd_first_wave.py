@@ -26,9 +26,10 @@ none is expected). Entries: (time_ms_host_ahead, do_bench) medians as fractions 
 copy; ``copy same``: a copy of the pack's bytes. Results are written after every round from the
 second on.
 
-Status: written and checked on the CPU (the interpreter, which has no PDL: the outputs of every
-``search_below`` equal the package's) and compiled for sm_90 with PDL (Triton 3.7.1), but not
-yet run on a GPU.
+Status: run on an H200 (``figures/thd_first_wave_h200.json``, 3 rounds; the outputs of every
+setting equal the package's): no setting is ahead at every 8-head pack, so not taken
+(docs/performance_notes.md, 2026-11-27, session 54). Checked on the CPU by
+``tests/test_thd_candidates.py``.
 """
 
 from __future__ import annotations

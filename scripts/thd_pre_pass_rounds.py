@@ -12,10 +12,14 @@ boundaries, reduced (``tl.min``, a barrier) before the branch; then, each round 
 search, the first token's boundaries, reduced, and only then the last token's. At 65536 sequences
 (two rounds) that is five loads from DRAM in a chain, at 256 sequences three.
 
-The candidate loads the first round of both tokens beside the guess's boundaries, and each later
-round's two vectors together, before either is reduced (``_narrow_both``): two loads in a chain
-at 65536 sequences, one at 256. The numbers are the same (the same boundaries compared the same
-way), so every output and every token row must be the same bits. Both sides are
+Two candidates. "rounds together": each round's two vectors of boundaries are loaded before
+either is reduced (``_narrow_both``), the first round beside the guess's boundaries and reduced
+before the guess is checked: two loads in a chain at 65536 sequences, one at 256. "first loads
+early": the first round spans every sequence for both tokens alike, so it is one vector, loaded
+beside the guess's boundaries and reduced only where the guess misses; the later rounds as in
+"rounds together". The numbers are the same (the same boundaries compared the same way), so every
+output and every token row must be the same bits (``tests/test_thd_candidates.py`` checks that on
+the CPU). Both sides are
 ``rope_kernels/rope_2d.py``, the candidate made from it by text (``thd_sides.rope_2d_variant``:
 the script stops if a piece is not found), each loaded as its own module launched like the
 package's.
@@ -25,6 +29,11 @@ whole call as (time_ms_host_ahead, do_bench) medians as fractions of the device 
 pre-pass alone in microseconds (time_ms_host_ahead); ``main only``: the package's main kernel
 alone, its token rows written beforehand, without PDL (the ceiling of any pre-pass); ``copy
 same``: a copy of the pack's bytes. Results are written after every round from the second on.
+
+Status: run on an H200 (``figures/thd_pre_pass_rounds_h200.json``, 3 rounds): the pre-pass alone
+0.6-1.1 us faster at 4096-65536 random sequences and 0.6-0.7 us slower at 16384 x 8 equal ones;
+the whole calls within the rounds' spread. Not taken (docs/performance_notes.md, 2026-11-27,
+session 54).
 """
 
 from __future__ import annotations
@@ -47,11 +56,11 @@ r2 = importlib.import_module("rope_kernels.rope_2d")  # the module; the package 
 
 PRE_PASS_DEF = ('@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "narrow_rounds", '
                 '"cp_size", "cp_rank"])\ndef thd_positions_kernel(')
-NARROW_BOTH = '''@triton.jit
+NARROW_BOTH = """@triton.jit
 def _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last, hi_last, cp_size,
                  FANOUT: tl.constexpr, USE_CP: tl.constexpr):
-    """``_narrow`` for two tokens at once: both vectors of boundaries are loaded before either
-    is reduced (each tl.sum waits on its load and ends in a barrier)."""
+    \"\"\"``_narrow`` for two tokens at once: both vectors of boundaries are loaded before either
+    is reduced (each tl.sum waits on its load and ends in a barrier).\"\"\"
     step = (hi - lo + FANOUT - 1) // FANOUT
     idx = lo + tl.arange(0, FANOUT) * step
     inside = idx < hi
@@ -69,16 +78,9 @@ def _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last, hi_last, cp_size,
     return lo, tl.minimum(lo + step, hi), lo_last, tl.minimum(lo_last + step_last, hi_last)
 
 
-'''
+"""
 GUESS = """\
     guess_end = _local(tl.load(cu_seqlens_ptr + guess + 1, mask=inside, other=0), cp_size, USE_CP)
-"""
-GUESS_AND_FIRST_ROUND = GUESS + """\
-    # The search's first round for the block's first and last token, loaded beside the guess's
-    # boundaries and before the guess is checked, so that a missed guess costs no load of its own.
-    last = tl.minimum(first + BLOCK, n_tokens) - 1
-    lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, first * 0, n_seqs,
-                                            first * 0, n_seqs, cp_size, FANOUT, USE_CP)
 """
 ROUNDS = """\
         last = tl.minimum(first + BLOCK, n_tokens) - 1
@@ -91,19 +93,51 @@ ROUNDS = """\
             lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
                                        USE_CP)
 """
-ROUNDS_BOTH = """\
+LATER_ROUNDS = """\
         for _ in range(1, narrow_rounds):
             lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last,
                                                     hi_last, cp_size, FANOUT, USE_CP)
 """
-REPLACEMENTS = [(PRE_PASS_DEF, NARROW_BOTH + PRE_PASS_DEF), (GUESS, GUESS_AND_FIRST_ROUND),
-                (ROUNDS, ROUNDS_BOTH)]
+# "rounds together": every round, the first round included, through _narrow_both, the first
+# round before the guess is checked (its reductions too).
+TOGETHER = [
+    (PRE_PASS_DEF, NARROW_BOTH + PRE_PASS_DEF),
+    (GUESS, GUESS + """\
+    # The search's first round for the block's first and last token, loaded beside the guess's
+    # boundaries and before the guess is checked, so that a missed guess costs no load of its own.
+    last = tl.minimum(first + BLOCK, n_tokens) - 1
+    lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, first * 0, n_seqs,
+                                            first * 0, n_seqs, cp_size, FANOUT, USE_CP)
+"""),
+    (ROUNDS, LATER_ROUNDS)]
+# "first loads early": the first round covers every sequence for both tokens alike, so it is one
+# vector of boundaries: loaded beside the guess's, reduced only where the guess misses; the
+# later rounds as in "rounds together".
+EARLY = [
+    (PRE_PASS_DEF, NARROW_BOTH + PRE_PASS_DEF),
+    (GUESS, GUESS + """\
+    # The search's first round spans every sequence, for the block's first and last token alike:
+    # its boundaries are loaded here, beside the guess's, and reduced only where the guess misses.
+    first_step = (n_seqs + FANOUT - 1) // FANOUT
+    first_idx = tl.arange(0, FANOUT) * first_step
+    first_in = first_idx < n_seqs
+    first_bound = _local(tl.load(cu_seqlens_ptr + first_idx, mask=first_in, other=0), cp_size,
+                         USE_CP)
+"""),
+    (ROUNDS, """\
+        last = tl.minimum(first + BLOCK, n_tokens) - 1
+        lo = (tl.sum((first_in & (first_bound <= first)).to(tl.int32), axis=0) - 1) * first_step
+        lo_last = (tl.sum((first_in & (first_bound <= last)).to(tl.int32), axis=0) - 1) * first_step
+        hi = tl.minimum(lo + first_step, n_seqs)
+        hi_last = tl.minimum(lo_last + first_step, n_seqs)
+""" + LATER_ROUNDS)]
 
 
 def load_sides(folder: pathlib.Path) -> dict:
-    """The package's module and the candidate made from its file."""
+    """The package's module and the candidates made from its file."""
     return {"package": r2,
-            "rounds together": rope_2d_variant("rope_2d_rounds_together", REPLACEMENTS, folder)}
+            "rounds together": rope_2d_variant("rope_2d_rounds_together", TOGETHER, folder),
+            "first loads early": rope_2d_variant("rope_2d_first_loads_early", EARLY, folder)}
 
 
 def pre_pass_call(m, p, rows):
@@ -155,16 +189,16 @@ def main():
              timing="whole calls and main only: [time_ms_host_ahead, do_bench] medians as "
                     "fractions of copy_gbps; pre: time_ms_host_ahead medians in microseconds"),
         microseconds=lambda what: what.startswith("pre"))
-    print(f"copy {copy:.0f} GB/s; fraction of copy (host ahead): package -> rounds together "
+    names = list(sides)
+    print(f"copy {copy:.0f} GB/s; fraction of copy (host ahead): {' / '.join(names)} "
           "[main only]; pre-pass alone in us")
     for pname, t in table.items():
         line = "  ".join(
-            f"{d} {t[d + ' package'][0]:.3f} -> {t[d + ' rounds together'][0]:.3f}"
+            f"{d} " + " / ".join(f"{t[f'{d} {n}'][0]:.3f}" for n in names)
             + (f" [{t[d + ' main only'][0]:.3f}]" if d + " main only" in t else "")
             for d in ("fwd", "bwd"))
-        print(f"{pname:22s} {line}  pre {t['pre package'][0]:.2f} -> "
-              f"{t['pre rounds together'][0]:.2f} us  copy same {t['copy same'][0]:.3f}")
-
+        pre = " / ".join(f"{t[f'pre {n}'][0]:.2f}" for n in names)
+        print(f"{pname:22s} {line}  pre {pre} us  copy same {t['copy same'][0]:.3f}")
 
 if __name__ == "__main__":
     main()

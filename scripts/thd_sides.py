@@ -1,5 +1,5 @@
 """What the thd A/B scripts share (``thd_pre_pass_guess.py``, ``thd_angle_rows.py``,
-``thd_first_wave.py``): their arguments, their candidates made from rope_2d.py by text, the 8-head
+``thd_first_wave.py``, ``thd_pre_pass_rounds.py``): their arguments, their candidates made from rope_2d.py by text, the 8-head
 packs, each side's whole calls on the same packs checked bit for bit against the first side's,
 their timing in shuffled rounds (written as a table after every round from the second on), and the
 table printed side by side."""
@@ -152,8 +152,8 @@ def timed_rounds(calls: dict, nbytes: dict, copy_gbps: float, args: argparse.Nam
         prov = provenance(copy_gbps, "probe")
         prov.update(command=f"python scripts/{script} --out {args.out} --rounds {args.rounds}",
                     rounds_done=r + 1,
-                    timing="[time_ms_host_ahead, do_bench] medians as fractions of copy_gbps",
-                    **(extra or {}))
+                    timing="[time_ms_host_ahead, do_bench] medians as fractions of copy_gbps")
+        prov.update(extra or {})  # a script's own "timing" replaces the line above
         pathlib.Path(args.out).write_text(json.dumps(dict(provenance=prov, table=table), indent=1))
     return table
 

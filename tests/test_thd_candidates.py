@@ -42,7 +42,8 @@ def angle_rows(folder):
 @pytest.fixture(scope="module")
 def pre_pass_rounds(folder):
     script = load_file(ROOT / "scripts" / "thd_pre_pass_rounds.py", "thd_pre_pass_rounds")
-    return script, script.load_sides(folder)["rounds together"]
+    sides = script.load_sides(folder)
+    return script, {name: sides[name] for name in ("rounds together", "first loads early")}
 
 
 def pack(cp_size, seed):
@@ -108,7 +109,7 @@ def test_pre_pass_rounds_candidate_gives_the_package_rows(pre_pass_rounds, n_seq
     """Token rows of the pre-pass alone, then whole calls. 700 and 300 sequences take two rounds
     of the 256-ary search, 40 one; lengths 0-10 at random (blocks of 256 tokens span dozens of
     sequences, some empty); 300 sequences of 4 tokens each, where the guess holds everywhere."""
-    script, candidate = pre_pass_rounds
+    script, candidates = pre_pass_rounds
     cp_size = 2 if cp_and_start else 1
     g = torch.Generator().manual_seed(seed)
     if n_seqs == 300:
@@ -120,17 +121,18 @@ def test_pre_pass_rounds_candidate_gives_the_package_rows(pre_pass_rounds, n_seq
     n_tokens = int(cu_seqlens[-1]) // cp_size
     start = torch.randint(0, 50, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)
     rows = {}
-    for name, m in (("package", script.r2), ("candidate", candidate)):
+    for name, m in (("package", script.r2), *candidates.items()):
         rows[name] = torch.full((n_tokens,), -1, dtype=torch.int32, device=DEVICE)
         plan = m.pre_pass_plan(n_tokens, n_seqs, cp_size, cp_size - 1, cp_and_start)
         assert plan.scalars[2] == (1 if n_seqs <= 256 else 2)  # rounds of the search
         m.launch(m.thd_positions_kernel, plan,
                  (cu_seqlens, start if cp_and_start else cu_seqlens, rows[name]))
     assert (rows["package"] >= 0).all()
-    assert torch.equal(rows["candidate"], rows["package"])
     x = randn((n_tokens, 2, 32), torch.float32, seed=seed)
     freqs = randn((4096, 1, 1, 32), torch.float32, seed=seed + 1)
     config = dict(token_rows=True, whole_rows=True, block_s=32, block_h=2, num_warps=2)
     kwargs = dict(cp_size=2, cp_rank=1, start_positions=start) if cp_and_start else {}
-    assert torch.equal(rotated(candidate, x, freqs, cu_seqlens, config, **kwargs),
-                       rotated(script.r2, x, freqs, cu_seqlens, config, **kwargs))
+    ref = rotated(script.r2, x, freqs, cu_seqlens, config, **kwargs)
+    for name, candidate in candidates.items():
+        assert torch.equal(rows[name], rows["package"]), name
+        assert torch.equal(rotated(candidate, x, freqs, cu_seqlens, config, **kwargs), ref), name
