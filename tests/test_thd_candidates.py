@@ -136,3 +136,30 @@ def test_pre_pass_rounds_candidate_gives_the_package_rows(pre_pass_rounds, n_seq
     for name, candidate in candidates.items():
         assert torch.equal(rows[name], rows["package"]), name
         assert torch.equal(rotated(candidate, x, freqs, cu_seqlens, config, **kwargs), ref), name
+
+
+def test_timed_rounds_writes_medians_and_a_scripts_own_timing_line(monkeypatch, tmp_path):
+    """``thd_sides.timed_rounds`` (every thd A/B script's timing loop), with the clocks stubbed:
+    fractions of copy for calls, microseconds for the entries the script picks, medians over the
+    rounds, and a script's own ``timing`` line in the provenance in place of the default (a
+    duplicate keyword stopped thd_pre_pass_guess.py and thd_pre_pass_rounds.py after their first
+    round once)."""
+    import argparse
+    import json
+
+    sides = load_file(ROOT / "scripts" / "thd_sides.py", "thd_sides_under_test")
+    times = iter([1.0, 2.0, 0.004, 2.0, 4.0, 0.002, 4.0, 1.0, 0.003])  # ms, call order below
+    monkeypatch.setattr(sides, "time_ms_host_ahead", lambda f: next(times))
+    monkeypatch.setattr(sides, "time_ms", lambda f: next(times))
+    monkeypatch.setattr(sides, "provenance", lambda copy, mode: dict(copy_gbps=copy, mode=mode))
+    monkeypatch.setattr(sides.random, "shuffle", lambda keys: None)
+    args = argparse.Namespace(out=str(tmp_path / "t.json"), rounds=3)
+    calls = {("pack", "fwd a"): None, ("pack", "pre a"): None}
+    table = sides.timed_rounds(calls, {"pack": (1e6, 2e6)}, 1.0, args, "s.py",
+                               dict(timing="mine"), microseconds=lambda w: w.startswith("pre"))
+    # 1e6 bytes in t ms at 1 GB/s: 1 / t; fwd rounds (1, 2), (2, 4), (4, 1) ms; pre 4, 2, 3 us.
+    assert table == {"pack": {"fwd a": [0.5, 0.5], "pre a": [3.0]}}
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert written["table"] == table
+    assert written["provenance"]["timing"] == "mine"
+    assert written["provenance"]["rounds_done"] == 3
