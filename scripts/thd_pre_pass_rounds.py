@@ -132,12 +132,27 @@ EARLY = [
         hi_last = tl.minimum(lo_last + first_step, n_seqs)
 """ + LATER_ROUNDS)]
 
+# "together after the check": the package's code where the guess holds; where it misses, every
+# round as in "rounds together" (the first round's two loads are the same addresses).
+AFTER_CHECK = [
+    (PRE_PASS_DEF, NARROW_BOTH + PRE_PASS_DEF),
+    (ROUNDS, ROUNDS.replace("""\
+            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT, USE_CP)
+            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
+                                       USE_CP)
+""", """\
+            lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last,
+                                                    hi_last, cp_size, FANOUT, USE_CP)
+"""))]
+CANDIDATES = {"rounds together": TOGETHER, "first loads early": EARLY,
+              "together after the check": AFTER_CHECK}
 
-def load_sides(folder: pathlib.Path) -> dict:
-    """The package's module and the candidates made from its file."""
-    return {"package": r2,
-            "rounds together": rope_2d_variant("rope_2d_rounds_together", TOGETHER, folder),
-            "first loads early": rope_2d_variant("rope_2d_first_loads_early", EARLY, folder)}
+
+def load_sides(folder: pathlib.Path, names=tuple(CANDIDATES)) -> dict:
+    """The package's module and the candidates ``names`` made from its file."""
+    return {"package": r2, **{name: rope_2d_variant("rope_2d_" + name.replace(" ", "_"),
+                                                    CANDIDATES[name], folder)
+                              for name in names}}
 
 
 def pre_pass_call(m, p, rows):
@@ -147,8 +162,8 @@ def pre_pass_call(m, p, rows):
 
 
 def main():
-    args = arguments(__doc__, "figures/thd_pre_pass_rounds_h200.json")
-    sides = load_sides(pathlib.Path(tempfile.mkdtemp()))
+    args = arguments(__doc__, "figures/thd_pre_pass_rounds_h200.json", list(CANDIDATES))
+    sides = load_sides(pathlib.Path(tempfile.mkdtemp()), args.sides)
     copy = copy_bandwidth_gbps()
     packs = eight_head_packs()
     packs["h32 random 4096"] = Problem("thd", seq_len=4096, batch=16, heads=32, n_seqs=4096)
@@ -184,7 +199,8 @@ def main():
                     print("DIFF", diffs[-1], flush=True)
                 calls[(pname, f"{direction} main only")] = main_only
     table = timed_rounds(
-        calls, nbytes, copy, args, "thd_pre_pass_rounds.py",
+        calls, nbytes, copy, args, "thd_pre_pass_rounds.py --sides " + " ".join(
+            f"'{name}'" for name in args.sides),
         dict(differing_outputs=diffs,
              timing="whole calls and main only: [time_ms_host_ahead, do_bench] medians as "
                     "fractions of copy_gbps; pre: time_ms_host_ahead medians in microseconds"),

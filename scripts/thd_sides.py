@@ -23,12 +23,16 @@ from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels.bench import Problem, provenance, time_ms, time_ms_host_ahead  # noqa: E402
 
 
-def arguments(doc: str, default_out: str) -> argparse.Namespace:
+def arguments(doc: str, default_out: str, sides: Optional[list] = None) -> argparse.Namespace:
     """``--out`` (the JSON written) and ``--rounds`` (2 or more) of a script with docstring
-    ``doc``."""
+    ``doc``; with ``sides`` (the script's candidates' names), ``--sides`` too: the candidates
+    timed against the package, all of them if not given."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=default_out)
     parser.add_argument("--rounds", type=int, default=3, help="2 or more")
+    if sides:
+        parser.add_argument("--sides", nargs="+", choices=sides, default=sides,
+                            help="candidates timed against the package (default: all)")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds: 2 or more (results are written from the second round on)")

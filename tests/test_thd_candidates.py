@@ -43,7 +43,7 @@ def angle_rows(folder):
 def pre_pass_rounds(folder):
     script = load_file(ROOT / "scripts" / "thd_pre_pass_rounds.py", "thd_pre_pass_rounds")
     sides = script.load_sides(folder)
-    return script, {name: sides[name] for name in ("rounds together", "first loads early")}
+    return script, {name: sides[name] for name in script.CANDIDATES}
 
 
 def pack(cp_size, seed):
