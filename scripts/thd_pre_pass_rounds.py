@@ -12,12 +12,13 @@ boundaries, reduced (``tl.min``, a barrier) before the branch; then, each round 
 search, the first token's boundaries, reduced, and only then the last token's. At 65536 sequences
 (two rounds) that is five loads from DRAM in a chain, at 256 sequences three.
 
-Two candidates. "rounds together": each round's two vectors of boundaries are loaded before
+Three candidates. "rounds together": each round's two vectors of boundaries are loaded before
 either is reduced (``_narrow_both``), the first round beside the guess's boundaries and reduced
 before the guess is checked: two loads in a chain at 65536 sequences, one at 256. "first loads
 early": the first round spans every sequence for both tokens alike, so it is one vector, loaded
 beside the guess's boundaries and reduced only where the guess misses; the later rounds as in
-"rounds together". The numbers are the same (the same boundaries compared the same way), so every
+"rounds together". "together after the check": the package's code where the guess holds, every
+round as in "rounds together" where it misses. The numbers are the same (the same boundaries compared the same way), so every
 output and every token row must be the same bits (``tests/test_thd_candidates.py`` checks that on
 the CPU). Both sides are
 ``rope_kernels/rope_2d.py``, the candidate made from it by text (``thd_sides.rope_2d_variant``:
@@ -30,10 +31,11 @@ pre-pass alone in microseconds (time_ms_host_ahead); ``main only``: the package'
 alone, its token rows written beforehand, without PDL (the ceiling of any pre-pass); ``copy
 same``: a copy of the pack's bytes. Results are written after every round from the second on.
 
-Status: run on an H200 (``figures/thd_pre_pass_rounds_h200.json``, 3 rounds): the pre-pass alone
-0.6-1.1 us faster at 4096-65536 random sequences and 0.6-0.7 us slower at 16384 x 8 equal ones;
-the whole calls within the rounds' spread. Not taken (docs/performance_notes.md, 2026-11-27,
-session 54).
+Status: run on an H200. ``figures/thd_pre_pass_rounds_h200.json`` (the first two, 3 rounds): the
+pre-pass alone 0.6-1.1 us faster at 4096-65536 random sequences and 0.6-0.7 us slower at 16384 x 8
+equal ones. ``figures/thd_pre_pass_after_check_h200.json`` (the third, 5 rounds): 0.03-0.23 us
+faster at random cuts, as fast at equal ones. The whole calls within the rounds' spread in both.
+None taken (docs/performance_notes.md, 2026-11-27, session 54).
 """
 
 from __future__ import annotations
