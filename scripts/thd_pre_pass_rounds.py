@@ -1,8 +1,8 @@
-"""The thd pre-pass's search with each round's loads sent together (a candidate, not in the
+"""The thd pre-pass's search with each round's loads sent together (candidates, not in the
 package) against the package's, on a GPU: the pre-pass alone, the whole call, and the main kernel
 alone as the ceiling.
 
-    python scripts/thd_pre_pass_rounds.py [--out FILE.json] [--rounds N]
+    python scripts/thd_pre_pass_rounds.py [--out FILE.json] [--rounds N] [--sides NAME ...]
 
 Why: at random cuts the main kernel alone (its token rows written beforehand) ran at 0.953-0.954
 of the 2 GiB copy on an H200, the whole call at 0.933-0.944, and the pre-pass alone took 5.9-7.8
@@ -12,18 +12,20 @@ boundaries, reduced (``tl.min``, a barrier) before the branch; then, each round 
 search, the first token's boundaries, reduced, and only then the last token's. At 65536 sequences
 (two rounds) that is five loads from DRAM in a chain, at 256 sequences three.
 
-Three candidates. "rounds together": each round's two vectors of boundaries are loaded before
-either is reduced (``_narrow_both``), the first round beside the guess's boundaries and reduced
-before the guess is checked: two loads in a chain at 65536 sequences, one at 256. "first loads
-early": the first round spans every sequence for both tokens alike, so it is one vector, loaded
-beside the guess's boundaries and reduced only where the guess misses; the later rounds as in
-"rounds together". "together after the check": the package's code where the guess holds, every
-round as in "rounds together" where it misses. The numbers are the same (the same boundaries compared the same way), so every
-output and every token row must be the same bits (``tests/test_thd_candidates.py`` checks that on
-the CPU). Both sides are
-``rope_kernels/rope_2d.py``, the candidate made from it by text (``thd_sides.rope_2d_variant``:
-the script stops if a piece is not found), each loaded as its own module launched like the
-package's.
+Three candidates (``--sides`` picks which are timed against the package; all by default):
+- "rounds together": each round's two vectors of boundaries are loaded before either is reduced
+  (``_narrow_both``), the first round beside the guess's boundaries and reduced before the guess
+  is checked: two loads in a chain at 65536 sequences, one at 256.
+- "first loads early": the first round spans every sequence for both tokens alike, so it is one
+  vector, loaded beside the guess's boundaries and reduced only where the guess misses; the later
+  rounds as in "rounds together".
+- "together after the check": the package's code where the guess holds, every round as in
+  "rounds together" where it misses.
+
+The numbers are the same (the same boundaries compared the same way), so every output and every
+token row must be the same bits (``tests/test_thd_candidates.py`` checks that on the CPU). Each
+candidate is ``rope_kernels/rope_2d.py`` with pieces replaced by text (``thd_sides.rope_2d_variant``:
+the script stops if a piece is not found), loaded as its own module launched like the package's.
 
 Packs as in ``thd_angle_rows.py``' 8-head ones, and 32 heads; forward and backward. Entries: the
 whole call as (time_ms_host_ahead, do_bench) medians as fractions of the device copy; ``pre``: the
