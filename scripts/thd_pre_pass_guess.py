@@ -28,15 +28,13 @@ import pathlib
 import sys
 import tempfile
 
-import torch
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import (arguments, eight_head_packs, rope_2d_variant,  # noqa: E402
-                       timed_rounds, whole_calls)
+from thd_sides import (arguments, eight_head_packs, pre_pass_calls,  # noqa: E402
+                       rope_2d_variant, timed_rounds, whole_calls)
 
 INT_GUESS = ("    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), "
              "n_seqs - 1)\n")
@@ -62,22 +60,8 @@ def main():
     packs["h32 random 4096"] = Problem("thd", seq_len=4096, batch=16, heads=32, n_seqs=4096)
     packs["h8 fp32 random 16384"] = Problem("thd", dtype="fp32", seq_len=8192, batch=16, heads=8,
                                             n_seqs=16384)
-    calls, nbytes, _ = whole_calls(versions, packs)
-    for pname, p in packs.items():
-        first = None
-        for vname, m in versions.items():
-            rows = torch.full((p.t.shape[0],), -1, dtype=torch.int32, device=p.t.device)
-            plan = m.pre_pass_plan(p.t.shape[0], p.n_seqs)
-
-            def pre(m=m, plan=plan, p=p, rows=rows):
-                m.launch(m.thd_positions_kernel, plan, (p.cu_seqlens, p.cu_seqlens, rows))
-            pre()
-            torch.cuda.synchronize()
-            if first is None:
-                first = rows.clone()
-            elif not torch.equal(rows, first):
-                print("DIFF rows", pname, vname)
-            calls[(pname, f"pre {vname}")] = pre
+    calls, nbytes, diffs = whole_calls(versions, packs)
+    pre_pass_calls(versions, packs, calls, diffs)
     table = timed_rounds(
         calls, nbytes, copy, args, "thd_pre_pass_guess.py",
         dict(timing="whole calls: [time_ms_host_ahead, do_bench] medians as fractions of "

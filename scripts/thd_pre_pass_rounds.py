@@ -24,8 +24,9 @@ Three candidates (``--sides`` picks which are timed against the package; all by 
 
 The numbers are the same (the same boundaries compared the same way), so every output and every
 token row must be the same bits (``tests/test_thd_candidates.py`` checks that on the CPU). Each
-candidate is ``rope_kernels/rope_2d.py`` with pieces replaced by text (``thd_sides.rope_2d_variant``:
-the script stops if a piece is not found), loaded as its own module launched like the package's.
+candidate is ``rope_kernels/rope_2d.py`` with pieces replaced by text
+(``thd_sides.rope_2d_variant``: the script stops if a piece is not found), loaded as its own
+module launched like the package's.
 
 Packs as in ``thd_angle_rows.py``' 8-head ones, and 32 heads; forward and backward. Entries: the
 whole call as (time_ms_host_ahead, do_bench) medians as fractions of the device copy; ``pre``: the
@@ -54,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from rope_kernels.bench import Problem, copy_bandwidth_gbps  # noqa: E402
-from thd_sides import arguments, eight_head_packs, rope_2d_variant, timed_rounds, whole_calls  # noqa: E402,E501
+from thd_sides import (arguments, eight_head_packs, pre_pass_calls,  # noqa: E402
+                       rope_2d_variant, timed_rounds, whole_calls)
 
 r2 = importlib.import_module("rope_kernels.rope_2d")  # the module; the package exports the function
 
@@ -86,6 +88,16 @@ def _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last, hi_last, cp_size,
 GUESS = """\
     guess_end = _local(tl.load(cu_seqlens_ptr + guess + 1, mask=inside, other=0), cp_size, USE_CP)
 """
+# The package's rounds: the first token's, then the last token's; and the candidates' one call.
+TWO_NARROWS = """\
+            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT, USE_CP)
+            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
+                                       USE_CP)
+"""
+NARROW_BOTH_CALL = """\
+            lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last,
+                                                    hi_last, cp_size, FANOUT, USE_CP)
+"""
 ROUNDS = """\
         last = tl.minimum(first + BLOCK, n_tokens) - 1
         lo = first * 0
@@ -93,15 +105,8 @@ ROUNDS = """\
         lo_last = lo
         hi_last = hi
         for _ in range(narrow_rounds):
-            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT, USE_CP)
-            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
-                                       USE_CP)
-"""
-LATER_ROUNDS = """\
-        for _ in range(1, narrow_rounds):
-            lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last,
-                                                    hi_last, cp_size, FANOUT, USE_CP)
-"""
+""" + TWO_NARROWS
+LATER_ROUNDS = "        for _ in range(1, narrow_rounds):\n" + NARROW_BOTH_CALL
 # "rounds together": every round, the first round included, through _narrow_both, the first
 # round before the guess is checked (its reductions too).
 TOGETHER = [
@@ -138,16 +143,7 @@ EARLY = [
 
 # "together after the check": the package's code where the guess holds; where it misses, every
 # round as in "rounds together" (the first round's two loads are the same addresses).
-AFTER_CHECK = [
-    (PRE_PASS_DEF, NARROW_BOTH + PRE_PASS_DEF),
-    (ROUNDS, ROUNDS.replace("""\
-            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT, USE_CP)
-            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
-                                       USE_CP)
-""", """\
-            lo, hi, lo_last, hi_last = _narrow_both(cu_seqlens_ptr, first, last, lo, hi, lo_last,
-                                                    hi_last, cp_size, FANOUT, USE_CP)
-"""))]
+AFTER_CHECK = [(PRE_PASS_DEF, NARROW_BOTH + PRE_PASS_DEF), (TWO_NARROWS, NARROW_BOTH_CALL)]
 CANDIDATES = {"rounds together": TOGETHER, "first loads early": EARLY,
               "together after the check": AFTER_CHECK}
 
@@ -159,12 +155,6 @@ def load_sides(folder: pathlib.Path, names=tuple(CANDIDATES)) -> dict:
                               for name in names}}
 
 
-def pre_pass_call(m, p, rows):
-    """The pre-pass of module ``m`` alone on pack ``p`` (a bench.Problem), writing ``rows``."""
-    plan = m.pre_pass_plan(p.t.shape[0], p.n_seqs)
-    return lambda: m.launch(m.thd_positions_kernel, plan, (p.cu_seqlens, p.cu_seqlens, rows))
-
-
 def main():
     args = arguments(__doc__, "figures/thd_pre_pass_rounds_h200.json", list(CANDIDATES))
     sides = load_sides(pathlib.Path(tempfile.mkdtemp()), args.sides)
@@ -172,26 +162,15 @@ def main():
     packs = eight_head_packs()
     packs["h32 random 4096"] = Problem("thd", seq_len=4096, batch=16, heads=32, n_seqs=4096)
     calls, nbytes, diffs = whole_calls(sides, packs)
+    package_rows = pre_pass_calls(sides, packs, calls, diffs)
     for pname, p in packs.items():
         x = p.t
-        first = None
-        for name, m in sides.items():
-            rows = torch.full((x.shape[0],), -1, dtype=torch.int32, device=x.device)
-            pre = pre_pass_call(m, p, rows)
-            pre()
-            torch.cuda.synchronize()
-            if first is None:
-                first = rows
-            elif not torch.equal(rows, first):
-                diffs.append(f"{pname} rows {name}")
-                print("DIFF", diffs[-1], flush=True)
-            calls[(pname, f"pre {name}")] = pre
         for direction in ("fwd", "bwd"):
             out = torch.full_like(x, float("nan"))
             plan = r2._make_plan(x, p.freqs, out, "thd", p.cu_seqlens, None, False, 1, 0,
                                  direction == "bwd", dict(pdl=False), False)
             if plan.constexprs.get("TOKEN_ROWS"):
-                def main_only(x=x, p=p, out=out, rows=first, plan=plan):
+                def main_only(x=x, p=p, out=out, rows=package_rows[pname], plan=plan):
                     r2.launch(r2.rope_2d_kernel, plan, (x, p.freqs, out, rows, x))
                 main_only()
                 torch.cuda.synchronize()
@@ -219,6 +198,7 @@ def main():
             for d in ("fwd", "bwd"))
         pre = " / ".join(f"{t[f'pre {n}'][0]:.2f}" for n in names)
         print(f"{pname:22s} {line}  pre {pre} us  copy same {t['copy same'][0]:.3f}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
 """What the thd A/B scripts share (``thd_pre_pass_guess.py``, ``thd_angle_rows.py``,
-``thd_first_wave.py``, ``thd_pre_pass_rounds.py``): their arguments, their candidates made from rope_2d.py by text, the 8-head
-packs, each side's whole calls on the same packs checked bit for bit against the first side's,
-their timing in shuffled rounds (written as a table after every round from the second on), and the
-table printed side by side."""
+``thd_first_wave.py``, ``thd_pre_pass_rounds.py``): their arguments, their candidates made from
+rope_2d.py by text, the 8-head packs, each side's whole calls and pre-pass on the same packs
+checked bit for bit against the first side's, their timing in shuffled rounds (written as a
+table after every round from the second on), and the table printed side by side."""
 
 from __future__ import annotations
 
@@ -120,6 +120,31 @@ def whole_calls(sides: dict, packs: dict) -> tuple[dict, dict, list]:
         calls[(pname, "copy same")] = lambda co=co, x=x: co.copy_(x)
         nbytes[pname] = (p.nbytes, 2 * x.numel() * x.element_size())
     return calls, nbytes, diffs
+
+
+def pre_pass_calls(sides: dict, packs: dict, calls: dict, diffs: list) -> dict:
+    """For every pack and side (as in ``whole_calls``): the side's thd pre-pass alone
+    (``thd_positions_kernel``), run once into a -1-filled int32 buffer and compared bit for bit
+    with the first side's rows (a differing one is appended to ``diffs`` and printed as a DIFF
+    line), added to ``calls`` as ``(pack, "pre NAME")``. Returns {pack: the first side's rows}."""
+    first_rows = {}
+    for pname, p in packs.items():
+        n_tokens = p.t.shape[0]
+        for name, m in sides.items():
+            rows = torch.full((n_tokens,), -1, dtype=torch.int32, device=p.t.device)
+            plan = m.pre_pass_plan(n_tokens, p.n_seqs)
+
+            def pre(m=m, plan=plan, p=p, rows=rows):
+                m.launch(m.thd_positions_kernel, plan, (p.cu_seqlens, p.cu_seqlens, rows))
+            pre()
+            torch.cuda.synchronize()
+            if pname not in first_rows:
+                first_rows[pname] = rows
+            elif not torch.equal(rows, first_rows[pname]):
+                diffs.append(f"{pname} rows {name}")
+                print("DIFF", diffs[-1], flush=True)
+            calls[(pname, f"pre {name}")] = pre
+    return first_rows
 
 
 def timed_rounds(calls: dict, nbytes: dict, copy_gbps: float, args: argparse.Namespace,

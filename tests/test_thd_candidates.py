@@ -9,7 +9,9 @@ has it)."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
 import pathlib
 import tempfile
 
@@ -144,9 +146,6 @@ def test_timed_rounds_writes_medians_and_a_scripts_own_timing_line(monkeypatch, 
     rounds, and a script's own ``timing`` line in the provenance in place of the default (a
     duplicate keyword stopped thd_pre_pass_guess.py and thd_pre_pass_rounds.py after their first
     round once)."""
-    import argparse
-    import json
-
     sides = load_file(ROOT / "scripts" / "thd_sides.py", "thd_sides_under_test")
     times = iter([1.0, 2.0, 0.004, 2.0, 4.0, 0.002, 4.0, 1.0, 0.003])  # ms, call order below
     monkeypatch.setattr(sides, "time_ms_host_ahead", lambda f: next(times))
