@@ -2,7 +2,8 @@
 package computes, bit for bit, or their timings compare different work:
 ``scripts/thd_first_wave.py`` (the first programs search cu_seqlens instead of waiting for the
 pre-pass), ``scripts/thd_angle_rows.py`` (cos/sin on more of the tile's rows) and
-``scripts/thd_pre_pass_rounds.py`` (the pre-pass's loads of a round sent together). Each script
+``scripts/thd_pre_pass_rounds.py`` (the pre-pass's loads of a round sent together) and
+``scripts/thd_pre_pass_scatter.py`` (the pre-pass by sequence blocks, no search). Each script
 stops if rope_2d.py no longer has the text it replaces; loading it here is that check. Runs on
 CPU (interpreter, which has no programmatic dependent launch) and GPU (with it, where the GPU
 has it)."""
@@ -44,6 +45,13 @@ def angle_rows(folder):
 @pytest.fixture(scope="module")
 def pre_pass_rounds(folder):
     script = load_file(ROOT / "scripts" / "thd_pre_pass_rounds.py", "thd_pre_pass_rounds")
+    sides = script.load_sides(folder)
+    return script, {name: sides[name] for name in script.CANDIDATES}
+
+
+@pytest.fixture(scope="module")
+def pre_pass_scatter(folder):
+    script = load_file(ROOT / "scripts" / "thd_pre_pass_scatter.py", "thd_pre_pass_scatter")
     sides = script.load_sides(folder)
     return script, {name: sides[name] for name in script.CANDIDATES}
 
@@ -132,6 +140,57 @@ def test_pre_pass_rounds_candidate_gives_the_package_rows(pre_pass_rounds, n_seq
     assert (rows["package"] >= 0).all()
     x = randn((n_tokens, 2, 32), torch.float32, seed=seed)
     freqs = randn((4096, 1, 1, 32), torch.float32, seed=seed + 1)
+    config = dict(token_rows=True, whole_rows=True, block_s=32, block_h=2, num_warps=2)
+    kwargs = dict(cp_size=2, cp_rank=1, start_positions=start) if cp_and_start else {}
+    ref = rotated(script.r2, x, freqs, cu_seqlens, config, **kwargs)
+    for name, candidate in candidates.items():
+        assert torch.equal(rows[name], rows["package"]), name
+        assert torch.equal(rotated(candidate, x, freqs, cu_seqlens, config, **kwargs), ref), name
+
+
+SCATTER_PACKS = ["random 0-10", "one long", "empty ends", "equal 4"]
+
+
+@pytest.mark.parametrize("lengths", SCATTER_PACKS)
+@pytest.mark.parametrize("cp_and_start", [False, True])
+def test_pre_pass_scatter_candidate_gives_the_package_rows(pre_pass_scatter, lengths,
+                                                           cp_and_start, seed):
+    """Token rows of the pre-pass alone (every token written: the buffer starts at -1), then
+    whole calls, against the package's. Packs: 700 sequences of 0-10 tokens at random (many
+    empty); one sequence of 3000 tokens among 299 of 0-4 (its program walks many steps); 500
+    sequences whose first and last 100 are empty; 300 of 4 tokens. Sequences are not a multiple
+    of the candidates' SEQS, so the last program's block is partial."""
+    script, candidates = pre_pass_scatter
+    cp_size = 2 if cp_and_start else 1
+    g = torch.Generator().manual_seed(seed)
+    if lengths == "random 0-10":
+        lens = torch.randint(0, 6, (700,), generator=g)
+    elif lengths == "one long":
+        lens = torch.randint(0, 3, (300,), generator=g)
+        lens[137] = 1500
+    elif lengths == "empty ends":
+        lens = torch.randint(0, 6, (500,), generator=g)
+        lens[:100] = 0
+        lens[-100:] = 0
+    else:
+        lens = torch.full((300,), 2)
+    lens = 2 * cp_size * lens
+    n_seqs = lens.numel()
+    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(
+        torch.int32).to(DEVICE)
+    n_tokens = int(cu_seqlens[-1]) // cp_size
+    start = torch.randint(0, 50, (n_seqs,), generator=g, dtype=torch.int32).to(DEVICE)
+    rows = {}
+    for name, m in (("package", script.r2), *candidates.items()):
+        rows[name] = torch.full((n_tokens,), -1, dtype=torch.int32, device=DEVICE)
+        plan = m.pre_pass_plan(n_tokens, n_seqs, cp_size, cp_size - 1, cp_and_start)
+        if name != "package":
+            assert n_seqs % plan.constexprs["SEQS"], "the last block should be partial"
+        m.launch(m.thd_positions_kernel, plan,
+                 (cu_seqlens, start if cp_and_start else cu_seqlens, rows[name]))
+    assert (rows["package"] >= 0).all()
+    x = randn((n_tokens, 2, 32), torch.float32, seed=seed)
+    freqs = randn((8192, 1, 1, 32), torch.float32, seed=seed + 1)
     config = dict(token_rows=True, whole_rows=True, block_s=32, block_h=2, num_warps=2)
     kwargs = dict(cp_size=2, cp_rank=1, start_positions=start) if cp_and_start else {}
     ref = rotated(script.r2, x, freqs, cu_seqlens, config, **kwargs)
