@@ -106,11 +106,51 @@ def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0
     sqrt(ELEMENTS / mean length), so that a program's run is about one step of TOKENS =
     ELEMENTS / SEQS tokens at the mean length; 4 warps."""
     mean = max(n_tokens, 1) / max(n_seqs, 1)
-    seqs = min(64, max(1, _floor_pow2(int((ELEMENTS / mean) ** 0.5))))
-    tokens = min(2048, ELEMENTS // seqs)
+    seqs = min(64, max(1, _floor_pow2(int((__ELEMENTS__ / mean) ** 0.5))))
+    tokens = min(2048, __ELEMENTS__ // seqs)
     return Plan((triton.cdiv(n_seqs, seqs), 1, 1), (n_tokens, n_seqs, cp_size, cp_rank),
                 dict(HAS_START=has_start, USE_CP=cp_size > 1, PDL_TRIGGER=pdl, SEQS=seqs,
                      TOKENS=tokens), 4)
+'''
+
+
+SEARCH_KERNEL = '''\
+@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "cp_size", "cp_rank"])
+def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_tokens, n_seqs,
+                         cp_size, cp_rank, HAS_START: tl.constexpr, USE_CP: tl.constexpr,
+                         PDL_TRIGGER: tl.constexpr, SEQS: tl.constexpr, STEPS: tl.constexpr,
+                         TOKENS: tl.constexpr):
+    """Pre-pass for packs of many sequences: writes the angle-table row of every token of
+    sequences ``s0 .. s0 + SEQS - 1``, one run ``cu[s0] .. cu[s0 + SEQS]``. One vector load of
+    the ``SEQS`` boundaries (its minimum is where the run begins, so the load is used and its
+    lines stay in L1), then ``TOKENS`` tokens a step, each found by a binary search of
+    ``STEPS = log2(SEQS)`` steps over the run's sequences (``_positions``), from L1."""
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
+    s0 = tl.program_id(0) * SEQS
+    k = tl.arange(0, SEQS)
+    window = tl.load(cu_seqlens_ptr + s0 + k, mask=s0 + k <= n_seqs, other=2147483647)
+    run_begin = _local(tl.min(window, axis=0), cp_size, USE_CP)
+    seq_hi = tl.minimum(s0 + SEQS, n_seqs)
+    run_end = _local(tl.load(cu_seqlens_ptr + seq_hi), cp_size, USE_CP)
+    first = run_begin
+    while first < run_end:
+        token = first + tl.arange(0, TOKENS)
+        pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, s0, seq_hi, STEPS,
+                         cp_size, cp_rank, True, HAS_START, USE_CP)
+        tl.store(token_rows_ptr + token, pos, mask=token < run_end)
+        first += TOKENS
+'''
+
+SEARCH_PLAN = '''\
+def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0,
+                  has_start: bool = False, pdl: bool = False) -> Plan:
+    """Launch plan of ``thd_positions_kernel``: about PROGRAMS programs of SEQS sequences
+    each (a power of two), TOKENS tokens a step; 4 warps."""
+    seqs = _next_pow2(triton.cdiv(n_seqs, __PROGRAMS__))
+    return Plan((triton.cdiv(n_seqs, seqs), 1, 1), (n_tokens, n_seqs, cp_size, cp_rank),
+                dict(HAS_START=has_start, USE_CP=cp_size > 1, PDL_TRIGGER=pdl, SEQS=seqs,
+                     STEPS=seqs.bit_length() - 1, TOKENS=__TOKENS__), 4)
 '''
 
 
@@ -123,20 +163,26 @@ def between(source: str, begin: str, end: str) -> str:
     return source[i:j]
 
 
-def replacements(elements: int) -> list:
+def replacements(kind: str, size: int) -> list:
+    """``kind`` "count": tiles of ``size`` count elements; "search": about ``size`` programs."""
     source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
-    plan = SCATTER_PLAN.replace("ELEMENTS", str(elements))
-    return [(between(source, PRE_PASS_DEF, PRE_PASS_END), SCATTER_KERNEL),
+    if kind == "count":
+        kernel, plan = SCATTER_KERNEL, SCATTER_PLAN.replace("__ELEMENTS__", str(size))
+    else:
+        kernel = SEARCH_KERNEL
+        plan = SEARCH_PLAN.replace("__PROGRAMS__", str(size)).replace("__TOKENS__", "256")
+    return [(between(source, PRE_PASS_DEF, PRE_PASS_END), kernel),
             (between(source, PLAN_DEF, PLAN_END), plan)]
 
 
-CANDIDATES = {"scatter 4096": 4096, "scatter 1024": 1024}
+CANDIDATES = {"count 4096": ("count", 4096), "count 1024": ("count", 1024),
+              "search 256": ("search", 256), "search 1024": ("search", 1024)}
 
 
 def load_sides(folder: pathlib.Path, names=tuple(CANDIDATES)) -> dict:
     """The package's module and the candidates ``names`` made from its file."""
     return {"package": r2, **{name: rope_2d_variant("rope_2d_" + name.replace(" ", "_"),
-                                                    replacements(CANDIDATES[name]), folder)
+                                                    replacements(*CANDIDATES[name]), folder)
                               for name in names}}
 
 
