@@ -176,7 +176,8 @@ def replacements(kind: str, size: int) -> list:
 
 
 CANDIDATES = {"count 4096": ("count", 4096), "count 1024": ("count", 1024),
-              "search 256": ("search", 256), "search 1024": ("search", 1024)}
+              "search 256": ("search", 256), "search 1024": ("search", 1024),
+              "search 2048": ("search", 2048)}
 
 
 def load_sides(folder: pathlib.Path, names=tuple(CANDIDATES)) -> dict:
