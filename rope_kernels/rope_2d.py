@@ -126,40 +126,24 @@ def _count_sequence(s_idx, cu_seqlens_ptr, n_seqs, cp_size, BOUNDS: tl.constexpr
     return tl.minimum(tl.maximum(below - 1, 0), n_seqs - 1)
 
 
-@triton.jit
-def _narrow(cu_seqlens_ptr, token, lo, hi, cp_size, FANOUT: tl.constexpr, USE_CP: tl.constexpr):
-    """One round of a FANOUT-ary search for the sequence of one ``token``: from cu[lo] <= token <
-    cu[hi] to a range FANOUT times smaller, with one vector load of FANOUT boundaries spread
-    over [lo, hi) (a binary search would take log2(FANOUT) dependent loads for the same)."""
-    step = (hi - lo + FANOUT - 1) // FANOUT
-    idx = lo + tl.arange(0, FANOUT) * step
-    inside = idx < hi
-    bound = _local(tl.load(cu_seqlens_ptr + idx, mask=inside, other=0), cp_size, USE_CP)
-    below = tl.sum((inside & (bound <= token)).to(tl.int32), axis=0)  # >= 1: idx[0] = lo
-    new_lo = lo + (below - 1) * step
-    return new_lo, tl.minimum(new_lo + step, hi)
-
-
-@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "narrow_rounds", "cp_size", "cp_rank"])
+@triton.jit(do_not_specialize=["n_tokens", "n_seqs", "cp_size", "cp_rank"])
 def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_tokens, n_seqs,
-                         narrow_rounds, cp_size, cp_rank, HAS_START: tl.constexpr,
-                         USE_CP: tl.constexpr, PDL_TRIGGER: tl.constexpr, BLOCK: tl.constexpr,
-                         FANOUT: tl.constexpr):
-    """Pre-pass for packs of many sequences: writes the angle-table row of each of ``BLOCK``
-    consecutive tokens (``_positions``: the search over ``cu_seqlens``, the context-parallel
-    mapping and the start position). The main kernel then reads one int per token instead of
-    searching in every tile. One program per token block, so the grid follows the tokens, never
-    the sequences or the longest sequence.
+                         cp_size, cp_rank, HAS_START: tl.constexpr, USE_CP: tl.constexpr,
+                         PDL_TRIGGER: tl.constexpr, SEQS: tl.constexpr, STEPS: tl.constexpr,
+                         TOKENS: tl.constexpr):
+    """Pre-pass for packs of many sequences: writes the angle-table row of each token
+    (``_positions``: its sequence, the context-parallel mapping and the start position), so
+    that the main kernel reads one int per token instead of searching in every tile.
 
-    First a guess: token ``i`` of ``n_tokens`` would be in sequence ``i * n_seqs // n_tokens`` if
-    every sequence had the same length, and one load of that sequence's two boundaries checks it.
-    Where every token of the block is where the guess says (always, in a pack of equal lengths),
-    that is the answer. Otherwise the block searches. Its tokens are consecutive, so the sequences
-    holding them are a run ``lo .. hi - 1``: from the sequences of its first and last token, each
-    found in ``narrow_rounds`` rounds of a FANOUT-ary search (one wide load a round; 2 rounds for
-    65536 sequences). Each token's binary search then covers only that run, whose boundaries the
-    first steps bring into L1: a chain of 16 dependent loads from L2 at 65536 sequences becomes 2
-    from L2 and ~8 from L1.
+    Program ``p`` takes the ``SEQS`` sequences ``s0 = p * SEQS`` .. ``s0 + SEQS - 1``. Their
+    tokens are one run, ``cu[s0]`` .. ``cu[s0 + SEQS]``, which the program walks ``TOKENS`` at a
+    time. It first loads the ``SEQS`` boundaries as one vector: that load is the only one from
+    L2 or memory, and it leaves their lines in L1, so each token's binary search over the
+    program's sequences (``STEPS = log2(SEQS)`` steps) reads L1 only. The launch plan picks
+    ``SEQS`` for about PRE_PASS_PROGRAMS programs: the grid follows the sequences in blocks, the
+    walk their tokens, and neither depends on the longest sequence (a long one costs its
+    program more steps of stores, not more programs). ``n_tokens`` is not read: the runs of all
+    programs are the tokens (the caller checks ``cu_seqlens[-1]``).
 
     ``PDL_TRIGGER``: with programmatic dependent launch (Hopper and later) the main kernel may
     start as soon as every program here has begun, and waits for this kernel's writes only where
@@ -167,36 +151,20 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
     """
     if PDL_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
-    first = tl.program_id(0) * BLOCK
-    token = first + tl.arange(0, BLOCK)
-    inside = token < n_tokens
-    # The guess (int64: token * n_seqs can pass 2**31) and its check, one load pair per token.
-    guess = tl.minimum((token.to(tl.int64) * n_seqs // n_tokens).to(tl.int32), n_seqs - 1)
-    guess_begin = _local(tl.load(cu_seqlens_ptr + guess, mask=inside, other=0), cp_size, USE_CP)
-    guess_end = _local(tl.load(cu_seqlens_ptr + guess + 1, mask=inside, other=0), cp_size, USE_CP)
-    hit = ((guess_begin <= token) & (token < guess_end)) | (token >= n_tokens)
-    if tl.min(hit.to(tl.int32), axis=0) == 1:
-        # Each token's sequence is known: a search of zero steps over [guess, guess + 1).
-        pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, guess, guess + 1, 0,
+    s0 = tl.program_id(0) * SEQS
+    k = tl.arange(0, SEQS)
+    # The window's boundaries; those past the last sequence read as the largest int32. Its
+    # minimum is the run's first token, which keeps the load (and its lines in L1).
+    window = tl.load(cu_seqlens_ptr + s0 + k, mask=s0 + k <= n_seqs, other=2147483647)
+    seq_hi = tl.minimum(s0 + SEQS, n_seqs)
+    first = _local(tl.min(window, axis=0), cp_size, USE_CP)
+    run_end = _local(tl.load(cu_seqlens_ptr + seq_hi), cp_size, USE_CP)
+    while first < run_end:
+        token = first + tl.arange(0, TOKENS)
+        pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, s0, seq_hi, STEPS,
                          cp_size, cp_rank, True, HAS_START, USE_CP)
-    else:
-        last = tl.minimum(first + BLOCK, n_tokens) - 1
-        lo = first * 0
-        hi = lo + n_seqs
-        lo_last = lo
-        hi_last = hi
-        for _ in range(narrow_rounds):
-            lo, hi = _narrow(cu_seqlens_ptr, first, lo, hi, cp_size, FANOUT, USE_CP)
-            lo_last, hi_last = _narrow(cu_seqlens_ptr, last, lo_last, hi_last, cp_size, FANOUT,
-                                       USE_CP)
-        steps = lo * 0  # ceil(log2(hi_last - lo)): the binary search's iterations over the run
-        span = hi_last - lo
-        while span > 1:
-            span = (span + 1) // 2
-            steps += 1
-        pos = _positions(token, 0, cu_seqlens_ptr, start_positions_ptr, lo, hi_last, steps,
-                         cp_size, cp_rank, True, HAS_START, USE_CP)
-    tl.store(token_rows_ptr + token, pos, mask=inside)
+        tl.store(token_rows_ptr + token, pos, mask=token < run_end)
+        first += TOKENS
 
 
 @triton.jit
@@ -776,7 +744,8 @@ WIDE_TOKEN_ROWS_ABOVE = 16
 # -> 0.934 / 0.940; but 4096 sequences and more 0.922-0.937 -> 0.906-0.923, and 16384 x 8 tokens
 # 0.946 / 0.956 -> 0.940 / 0.949. At 16 and 32 heads waiting first lost 0.6-2.3 points
 # everywhere. Why the x loads in front slow the pre-pass most where sequences are long is not
-# known; the pre-pass's chain of loads is then shortest (one narrowing round at 256 sequences).
+# known (measured with the pre-pass of before 2026-11-27, whose chain of loads was shortest at
+# 256 sequences: one narrowing round).
 WAIT_FIRST_MEAN_TOKENS = 64
 # thd without the pre-pass: with at most this many boundaries (n_seqs + 1) each tile loads them all
 # and counts (_count_sequence) instead of the binary search. H200, forward, fraction of copy,
@@ -790,12 +759,15 @@ COUNT_BOUNDS_MAX = 256
 # ... and 2 KB token rows (8 heads of 128, 16-bit) whose count slot (the next power of two above
 # n_seqs) has at least this many boundaries run on 1 warp, fewer on the tile's 2 (default_config).
 ONE_WARP_MIN_BOUNDS = 64
-# The pre-pass: 256 tokens a program, 4 warps, 256-ary narrowing. On the H200, for 65536 tokens
-# in 16 to 65536 sequences, it took 4.8-9.2 us alone, where a binary search per token over all
-# sequences took 4.3-10.2 us and one program per sequence (the first design) 44 us at 65536
-# sequences (figures/thd_pre_pass.json, scripts/thd_pre_pass.py).
-PRE_PASS_BLOCK = 256
-PRE_PASS_FANOUT = 256
+# The pre-pass: about PRE_PASS_PROGRAMS programs of a power-of-two block of sequences each,
+# PRE_PASS_TOKENS tokens a step, 4 warps. On an H200 (131072 tokens, 256-65536 sequences) it takes
+# 4.5-5.5 us alone at every cut, where the guess-then-search by token blocks it replaced took
+# 5.4-7.9 us at random cuts and 4.8-5.1 where its guess held (equal lengths); 256 programs were
+# slower at 65536 sequences (6.1 us), 2048 at most packs; a count over the block's boundaries
+# instead of the search, 4.4-7.9 us (figures/thd_pre_pass_search_h200.json and
+# figures/thd_pre_pass_search_confirm_h200.json, scripts/thd_pre_pass_scatter.py).
+PRE_PASS_PROGRAMS = 1024
+PRE_PASS_TOKENS = 256
 # thd tiles: 2048 elements of input, 64 bytes a thread (see _config).
 THD_TILE_ELEMENTS = 2048
 SMALL_ROW_BYTES = 4096  # bshd rows (all heads) up to this size are tiled whole ...
@@ -889,23 +861,16 @@ _PRE_PLANS: dict = {}  # the same signatures -> Plan of the thd pre-pass, where 
 _MAX_PLANS = 4096
 
 
-def _narrow_rounds(n_seqs: int, fanout: int) -> int:
-    """Rounds of a fanout-ary search that pin a token to one of n_seqs sequences."""
-    rounds, covered = 1, fanout
-    while covered < n_seqs:
-        rounds, covered = rounds + 1, covered * fanout
-    return rounds
-
-
 def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0,
                   has_start: bool = False, pdl: bool = False) -> Plan:
-    """Launch plan of ``thd_positions_kernel``: one program per PRE_PASS_BLOCK tokens, 4 warps;
-    ``pdl``: it lets the main kernel, launched as its programmatic dependent, start at once.
+    """Launch plan of ``thd_positions_kernel``: blocks of SEQS sequences (the power of two that
+    makes about PRE_PASS_PROGRAMS programs), PRE_PASS_TOKENS tokens a step, 4 warps; ``pdl``: it
+    lets the main kernel, launched as its programmatic dependent, start at once.
     Pointers: (cu_seqlens, start_positions or a placeholder, token_rows [n_tokens] int32)."""
-    return Plan((triton.cdiv(n_tokens, PRE_PASS_BLOCK), 1, 1),
-                (n_tokens, n_seqs, _narrow_rounds(n_seqs, PRE_PASS_FANOUT), cp_size, cp_rank),
-                dict(HAS_START=has_start, USE_CP=cp_size > 1, PDL_TRIGGER=pdl,
-                     BLOCK=PRE_PASS_BLOCK, FANOUT=PRE_PASS_FANOUT), 4)
+    seqs = _next_pow2(triton.cdiv(max(n_seqs, 1), PRE_PASS_PROGRAMS))
+    return Plan((triton.cdiv(n_seqs, seqs), 1, 1), (n_tokens, n_seqs, cp_size, cp_rank),
+                dict(HAS_START=has_start, USE_CP=cp_size > 1, PDL_TRIGGER=pdl, SEQS=seqs,
+                     STEPS=seqs.bit_length() - 1, TOKENS=PRE_PASS_TOKENS), 4)
 
 
 def _pdl_available(device: torch.device) -> bool:

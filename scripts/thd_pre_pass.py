@@ -6,13 +6,13 @@ and the whole call with the pre-pass and with the search in every tile.
 Problems as in the benchmark's thd sweep: 4096 x 16 = 65536 tokens, 32 heads, head_dim 128, cut
 at random into n_seqs sequences of mixed lengths; and 8192 x 16 = 131072 tokens of 8 heads (bf16,
 the same bytes: 2 KB token rows). Times are do_bench medians.
-- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone (256 tokens a program: each token's sequence
-  guessed as if all lengths were equal and checked; where a guess misses, the run of sequences the
-  block spans narrowed by a 256-ary search, then a binary search per token over that run; at
-  65536 sequences every sequence has one token and every guess holds), next to
-  the two designs it replaced, kept here only to compare: ``pre_us_binary_search``, a binary
-  search per token over all sequences (256 tokens a program, 2 warps), and
-  ``pre_us_per_sequence``, one program per sequence writing its tokens' rows.
+- ``pre_us``: ``rope_2d.thd_positions_kernel`` alone, next to two designs before it, kept here
+  only to compare: ``pre_us_binary_search``, a binary search per token over all sequences (256
+  tokens a program, 2 warps), and ``pre_us_per_sequence``, one program per sequence writing its
+  tokens' rows. ``figures/thd_pre_pass.json`` was recorded with the package's pre-pass of then
+  (256 tokens a program, each token's sequence guessed as if all lengths were equal and
+  checked, a 256-ary search where the guess missed); since 2026-11-27 the package's takes blocks
+  of sequences and searches each block from L1 (``scripts/thd_pre_pass_scatter.py``).
 - ``frac_search`` / ``frac_pre_pass``: the whole ``rope_2d`` call (bytes as in the benchmark) as
   a fraction of the device copy, with ``config=dict(token_rows=False / True)``. Without the
   pre-pass each tile counts the boundaries below its tokens where ``n_seqs + 1 <=

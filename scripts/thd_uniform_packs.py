@@ -91,7 +91,7 @@ def budget_fns(p: Problem, length: int, direction: str):
     out_two = torch.full_like(x, float("nan"))
     plan_two = plan(out_two, None)
     pdl = plan_two.constexprs["PDL_WAIT"]
-    block = r2.PRE_PASS_BLOCK
+    block = 256  # tokens a program of uniform_token_rows
 
     def two_launches():
         token_rows = torch.empty(n_tokens, dtype=torch.int32, device=x.device)

@@ -509,17 +509,19 @@ def test_interleaved_pairs_as_words_and_fallback(dtype, backward, seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (1, True), (2, False), (2, True)])
 @pytest.mark.parametrize("backward", [False, True])
-@pytest.mark.parametrize("pre_pass_block,fanout,count_bounds_max", [(256, 256, 256), (4, 2, 1)])
-def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_block, fanout,
-                                 count_bounds_max, seed, monkeypatch):
+@pytest.mark.parametrize("pre_pass_programs,pre_pass_tokens,count_bounds_max",
+                         [(1024, 256, 256), (3, 4, 1)])
+def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_programs,
+                                 pre_pass_tokens, count_bounds_max, seed, monkeypatch):
     """Packs of many sequences: the pre-pass that writes each token's table row gives what the
     in-kernel search gives and what the reference gives, empty sequences, context parallelism
-    and start positions included; with 4 tokens per pre-pass program the pack spans many
-    programs, the last one partly masked, and a fanout of 2 takes several narrowing rounds.
-    The in-kernel search is the count of boundaries (COUNT_BOUNDS_MAX 256: 16 boundary slots for
-    these 8-10 sequences) or, with COUNT_BOUNDS_MAX 1, the binary search."""
-    monkeypatch.setattr(r2, "PRE_PASS_BLOCK", pre_pass_block)
-    monkeypatch.setattr(r2, "PRE_PASS_FANOUT", fanout)
+    and start positions included. By default one pre-pass program takes every sequence; with
+    about 3 programs of 4 sequences, walked 4 tokens a step, each program searches 2 steps and
+    walks several, the last one's block partial. The in-kernel search is the count of
+    boundaries (COUNT_BOUNDS_MAX 256: 16 boundary slots for these 8-10 sequences) or, with
+    COUNT_BOUNDS_MAX 1, the binary search."""
+    monkeypatch.setattr(r2, "PRE_PASS_PROGRAMS", pre_pass_programs)
+    monkeypatch.setattr(r2, "PRE_PASS_TOKENS", pre_pass_tokens)
     monkeypatch.setattr(r2, "COUNT_BOUNDS_MAX", count_bounds_max)
     r2._PRE_PLANS.clear()
     lengths = [4, 0, 6, 2, 8, 0, 2, 4, 12, 2] if cp_size == 1 else [4, 0, 8, 4, 12, 0, 4, 8]
@@ -548,8 +550,8 @@ def test_thd_token_rows_pre_pass(dtype, cp_size, starts, backward, pre_pass_bloc
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (2, True)])
 def test_thd_pre_pass_on_a_large_pack(cp_size, starts, seed):
     """1500 sequences of 0-3 tokens (doubled for cp_size 2), past TOKEN_ROWS_ABOVE, so the default
-    takes the pre-pass; thousands of tokens span several of its programs. Against the reference,
-    output poisoned with NaN."""
+    takes the pre-pass, in 750 programs of 2 sequences. Against the reference, output poisoned
+    with NaN."""
     g = torch.Generator().manual_seed(seed)
     n = 1500
     lengths = torch.randint(0, 4, (n,), generator=g) * cp_size * 2
@@ -557,12 +559,14 @@ def test_thd_pre_pass_on_a_large_pack(cp_size, starts, seed):
     sp = torch.randint(0, 5, (n,), generator=g, dtype=torch.int32).to(DEVICE) if starts else None
     emb = RotaryPositionEmbedding(8, device=DEVICE)(32)
     t = randn((int(cu[-1]) // cp_size, 2, 8), torch.float32, seed)
-    assert t.shape[0] > 2 * r2.PRE_PASS_BLOCK
     r2._PLANS.clear()
+    r2._PRE_PLANS.clear()
     out = torch.full_like(t, float("nan"))
     rope_2d(t, emb, "thd", sp, cu_seqlens=cu, cp_size=cp_size, cp_rank=cp_size - 1, out=out)
     (plan,) = r2._PLANS.values()
     assert plan.constexprs["TOKEN_ROWS"] is True
+    (pre,) = r2._PRE_PLANS.values()
+    assert pre.grid[0] == 750 and pre.constexprs["SEQS"] == 2  # 1500 sequences, 2 a program
     assert_rope_close(out, rope_reference(t.double(), emb, "thd", sp, False, cu, cp_size,
                                           cp_size - 1), torch.float32)
 
@@ -581,61 +585,60 @@ def _token_rows_reference(cu, n_tokens, starts, cp_size, cp_rank):
     return pos + (starts.long().cpu()[seq] if starts is not None else 0)
 
 
-def _guess_hits(cu, n_tokens, cp_size, block):
-    """Per block of the pre-pass: does every token lie in the sequence that equal lengths would
-    put it in (the kernel's guess), so that the block skips the search?"""
-    local_cu = cu.long() // cp_size
-    token = torch.arange(n_tokens)
-    guess = torch.clamp(token * (len(cu) - 1) // n_tokens, max=len(cu) - 2)
-    hit = (local_cu[guess] <= token) & (token < local_cu[guess + 1])
-    return [bool(hit[i:i + block].all()) for i in range(0, n_tokens, block)]
-
-
-@pytest.mark.parametrize("block,fanout,lengths", [
-    (16, 4, "mixed"),      # 3 narrowing rounds, runs of sequences inside a block
-    (8, 2, "empty"),       # most sequences empty: runs longer than the block
-    (4, 256, "ones"),      # one round; a sequence per token (every guess right)
-    (16, 4, "equal"),      # equal lengths: every block takes its guess, none searches
-    (8, 4, "nearly"),      # equal but for two: the blocks around them search, the others not
+@pytest.mark.parametrize("seqs,tokens,lengths", [
+    (4, 4, "mixed"),     # 2 search steps; runs of 8-20 tokens, walked 4 a step
+    (8, 2, "empty"),     # most sequences empty: blocks with no token, steps that span sequences
+    (1, 4, "ones"),      # a sequence per program, no search step
+    (64, 8, "equal"),    # one program, its window past the last sequence (masked)
+    (2, 4, "one long"),  # one sequence of 120 tokens: its program walks 30 steps
+    (16, 256, "mixed"),  # steps wider than a program's run (masked)
 ])
 @pytest.mark.parametrize("cp_size,starts", [(1, False), (2, True)])
-def test_thd_pre_pass_rows(block, fanout, lengths, cp_size, starts, seed):
+def test_thd_pre_pass_rows(seqs, tokens, lengths, cp_size, starts, seed):
     """thd_positions_kernel alone against searchsorted, into a poisoned buffer: every token's
-    row, whatever the narrowing rounds, the runs of sequences a block spans, empty sequences,
-    and blocks that take the equal-lengths guess beside blocks that search."""
+    row, whatever the block of sequences a program takes and the tokens a step, empty
+    sequences, empty blocks, a long sequence, a partial last block, context parallelism and
+    start positions; nothing written past the last token."""
     g = torch.Generator().manual_seed(seed)
-    n = 40
+    n = 41
     if lengths == "mixed":
         lens = torch.randint(1, 6, (n,), generator=g)
     elif lengths == "empty":
         lens = torch.randint(0, 4, (n,), generator=g) * (torch.rand(n, generator=g) < 0.25)
         lens[-1] = 1
-    elif lengths in ("equal", "nearly"):
+    elif lengths == "equal":
         lens = torch.full((n,), 3, dtype=torch.long)
-        if lengths == "nearly":
-            lens[10], lens[11] = 2, 4
+    elif lengths == "one long":
+        lens = torch.randint(0, 3, (n,), generator=g)
+        lens[17] = 60
     else:
         lens = torch.ones(n, dtype=torch.long)
     lens = lens * 2 * cp_size
     cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32)
     sp = torch.randint(0, 9, (n,), generator=g, dtype=torch.int32) if starts else None
     n_tokens = int(cu[-1]) // cp_size
-    hits = _guess_hits(cu, n_tokens, cp_size, block)
-    if lengths in ("equal", "ones"):
-        assert all(hits)
-    elif lengths == "nearly":
-        assert any(hits) and not all(hits), hits
     cp_rank = cp_size - 1
     rows = torch.full((n_tokens + 7,), -12345, dtype=torch.int32, device=DEVICE)
-    plan = r2.Plan((-(-n_tokens // block), 1, 1),
-                   (n_tokens, n, r2._narrow_rounds(n, fanout), cp_size, cp_rank),
-                   dict(HAS_START=starts, USE_CP=cp_size > 1, PDL_TRIGGER=False, BLOCK=block,
-                        FANOUT=fanout), 4)
+    plan = r2.Plan((-(-n // seqs), 1, 1), (n_tokens, n, cp_size, cp_rank),
+                   dict(HAS_START=starts, USE_CP=cp_size > 1, PDL_TRIGGER=False, SEQS=seqs,
+                        STEPS=seqs.bit_length() - 1, TOKENS=tokens), 4)
     cu_d = cu.to(DEVICE)
     r2.launch(r2.thd_positions_kernel, plan, (cu_d, sp.to(DEVICE) if starts else cu_d, rows))
     want = _token_rows_reference(cu, n_tokens, sp, cp_size, cp_rank)
     assert torch.equal(rows[:n_tokens].cpu().long(), want)
     assert (rows[n_tokens:] == -12345).all(), "the pre-pass wrote past the last token"
+
+
+def test_pre_pass_plan_blocks():
+    """About PRE_PASS_PROGRAMS programs of a power-of-two block of sequences, every sequence in
+    one, and the binary search's steps cover a block."""
+    for n_seqs in (129, 1024, 1025, 4096, 65536, 65537):
+        plan = r2.pre_pass_plan(8 * n_seqs, n_seqs)
+        seqs = plan.constexprs["SEQS"]
+        assert seqs & (seqs - 1) == 0 and 2 ** plan.constexprs["STEPS"] == seqs
+        assert plan.grid[0] * seqs >= n_seqs > (plan.grid[0] - 1) * seqs
+        assert r2.PRE_PASS_PROGRAMS // 2 < plan.grid[0] <= r2.PRE_PASS_PROGRAMS or seqs == 1, n_seqs
+        assert plan.constexprs["TOKENS"] == r2.PRE_PASS_TOKENS
 
 
 def test_pdl_only_where_the_gpu_has_it():
@@ -670,13 +673,14 @@ def test_pdl_main_kernel_waits_for_the_pre_pass(dtype, wait_first, monkeypatch):
     """With PDL the main kernel starts while the pre-pass runs; it must still read this call's
     token rows. Packs change from call to call with the same shapes (so the token-row buffer
     the allocator hands back holds the previous pack's rows, which a missing wait would read),
-    and the pre-pass is made slow and short of programs (16384 tokens a program, 16 dependent
-    narrowing rounds of a fanout of 2): all of its programs start at once and let the main
-    kernel start, whose first programs then reach their token rows long before the pre-pass has
-    written them. (With the default pre-pass its programs that start last write the last tokens,
-    which the main kernel reaches last: a missing wait would rarely show.)"""
-    monkeypatch.setattr(r2, "PRE_PASS_FANOUT", 2)
-    monkeypatch.setattr(r2, "PRE_PASS_BLOCK", 16384)
+    and the pre-pass is made slow and short of programs (16 programs of 4096 sequences, each
+    walking its 16384 tokens 32 a step, 12 search steps each): all of its programs start at
+    once and let the main kernel start, whose first programs then reach their token rows long
+    before the pre-pass has written them. (With the default pre-pass its programs that start
+    last write the last tokens, which the main kernel reaches last: a missing wait would rarely
+    show.)"""
+    monkeypatch.setattr(r2, "PRE_PASS_PROGRAMS", 16)
+    monkeypatch.setattr(r2, "PRE_PASS_TOKENS", 32)
     r2._PLANS.clear()
     r2._PRE_PLANS.clear()
     n_seqs, n_tokens = 65536, 262144
@@ -944,11 +948,6 @@ def test_whole_rows_with_a_table_whose_halves_differ(dtype, fmt, head_dim, rotar
             gathered = config.get("gather_sines") and backward and rotary_dim != 12
             assert plan.constexprs["GATHER_SINES"] == (rotary_dim if gathered else 0)
             assert_rope_close(out, want, dtype, f"{config} backward={backward}")
-
-
-def test_narrow_rounds():
-    assert [r2._narrow_rounds(n, 256) for n in (1, 2, 256, 257, 65536, 65537)] == [1, 1, 1, 2, 2, 3]
-    assert [r2._narrow_rounds(n, 2) for n in (1, 2, 3, 4, 5, 1024)] == [1, 1, 2, 2, 3, 10]
 
 
 def test_thd_default_takes_the_pre_pass_for_many_sequences(monkeypatch):
