@@ -760,12 +760,16 @@ COUNT_BOUNDS_MAX = 256
 # n_seqs) has at least this many boundaries run on 1 warp, fewer on the tile's 2 (default_config).
 ONE_WARP_MIN_BOUNDS = 64
 # The pre-pass: about PRE_PASS_PROGRAMS programs of a power-of-two block of sequences each,
-# PRE_PASS_TOKENS tokens a step, 4 warps. On an H200 (131072 tokens, 256-65536 sequences) it takes
-# 4.5-5.5 us alone at every cut, where the guess-then-search by token blocks it replaced took
-# 5.4-7.9 us at random cuts and 4.8-5.1 where its guess held (equal lengths); 256 programs were
-# slower at 65536 sequences (6.1 us), 2048 at most packs; a count over the block's boundaries
-# instead of the search, 4.4-7.9 us (figures/thd_pre_pass_search_h200.json and
-# figures/thd_pre_pass_search_confirm_h200.json, scripts/thd_pre_pass_scatter.py).
+# PRE_PASS_TOKENS tokens a step, 4 warps. On an H200 (131072 tokens of 8 heads in 256-65536
+# sequences, 65536 of 32 heads in 4096) it took 4.4-5.6 us alone at every pack in three runs, where
+# the guess and search by blocks of tokens it replaced took 5.4-7.9 us at random cuts and 4.7-5.1
+# at equal lengths (its guess held there); whole calls at random cuts 0.1 behind to 1.8 points ahead
+# forward, 0.2 behind to 1.9 ahead backward, at equal lengths 0.8 behind to 0.1 ahead, at 32 heads
+# 0.5-1.3 ahead. About 256 programs were slower alone at 65536 sequences (6.1 us), about 2048 at
+# every pack, and a count over the block's boundaries in place of the search took 4.6-7.8 us
+# (scripts/thd_pre_pass_scatter.py; figures/thd_pre_pass_search_h200.json,
+# thd_pre_pass_search_confirm_h200.json, thd_pre_pass_package_h200.json,
+# thd_pre_pass_count_h200.json).
 PRE_PASS_PROGRAMS = 1024
 PRE_PASS_TOKENS = 256
 # thd tiles: 2048 elements of input, 64 bytes a thread (see _config).

@@ -36,12 +36,13 @@ package's main kernel alone, its token rows written beforehand, without PDL (the
 pre-pass); ``copy same``: a copy of the pack's bytes. Results are written after every round from
 the second on.
 
-Runs on an H200 (Triton 3.6.0), before the package took the search by sequence blocks, with the
+Runs on an H200 (Triton 3.6.0). Before the package took the search by sequence blocks, with the
 package of then as the first side: ``figures/thd_pre_pass_count_h200.json`` (the two counts, 4
 rounds), ``figures/thd_pre_pass_search_h200.json`` (count 1024, search 256 and 1024, 4 rounds)
 and ``figures/thd_pre_pass_search_confirm_h200.json`` (search 1024 and 2048, 5 rounds). The
-search of about 1024 programs took 4.5-5.5 us alone at every pack, and was taken
-(docs/performance_notes.md, 2026-11-27, session 55).
+search of about 1024 programs took 4.5-5.6 us alone at every pack, and was taken. After, with
+``--sides 'guess and search'``: ``figures/thd_pre_pass_package_h200.json`` (3 rounds; the package
+4.4-5.4 us alone). See docs/performance_notes.md, 2026-11-27, session 55.
 """
 
 from __future__ import annotations
