@@ -763,8 +763,8 @@ ONE_WARP_MIN_BOUNDS = 64
 # PRE_PASS_TOKENS tokens a step, 4 warps. On an H200 (131072 tokens of 8 heads in 256-65536
 # sequences, 65536 of 32 heads in 4096) it took 4.4-5.6 us alone at every pack in three runs, where
 # the guess and search by blocks of tokens it replaced took 5.4-7.9 us at random cuts and 4.7-5.1
-# at equal lengths (its guess held there); whole calls at random cuts 0.1 behind to 1.8 points ahead
-# forward, 0.2 behind to 1.9 ahead backward, at equal lengths 0.8 behind to 0.1 ahead, at 32 heads
+# at equal lengths (its guess held there); whole calls at random cuts 0.1 behind to 1.7 points ahead
+# forward, 0.1 behind to 1.9 ahead backward, at equal lengths 0.8 behind to 0.1 ahead, at 32 heads
 # 0.5-1.3 ahead. About 256 programs were slower alone at 65536 sequences (6.1 us), about 2048 at
 # every pack, and a count over the block's boundaries in place of the search took 4.6-7.8 us
 # (scripts/thd_pre_pass_scatter.py; figures/thd_pre_pass_search_h200.json,
