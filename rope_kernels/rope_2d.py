@@ -766,7 +766,7 @@ ONE_WARP_MIN_BOUNDS = 64
 # at equal lengths (its guess held there); whole calls at random cuts 0.1 behind to 1.7 points ahead
 # forward, 0.1 behind to 1.9 ahead backward, at equal lengths 0.8 behind to 0.1 ahead, at 32 heads
 # 0.5-1.3 ahead. About 256 programs were slower alone at 65536 sequences (6.1 us), about 2048 at
-# every pack, and a count over the block's boundaries in place of the search took 4.6-7.8 us
+# every pack, and a count over the block's boundaries in place of the search took 4.4-8.1 us
 # (scripts/thd_pre_pass_scatter.py; figures/thd_pre_pass_search_h200.json,
 # thd_pre_pass_search_confirm_h200.json, thd_pre_pass_package_h200.json,
 # thd_pre_pass_count_h200.json).
