@@ -170,7 +170,8 @@ def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0
                      BLOCK=PRE_PASS_BLOCK, FANOUT=PRE_PASS_FANOUT), 4)
 '''
 
-SCATTER_KERNEL = '''\
+# The "count" sides: each token's sequence counted over the block's boundaries.
+COUNT_KERNEL = '''\
 @triton.jit(do_not_specialize=["n_tokens", "n_seqs", "cp_size", "cp_rank"])
 def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_tokens, n_seqs,
                          cp_size, cp_rank, HAS_START: tl.constexpr, USE_CP: tl.constexpr,
@@ -212,7 +213,7 @@ def thd_positions_kernel(cu_seqlens_ptr, start_positions_ptr, token_rows_ptr, n_
         first += TOKENS
 '''
 
-SCATTER_PLAN = '''\
+COUNT_PLAN = '''\
 def pre_pass_plan(n_tokens: int, n_seqs: int, cp_size: int = 1, cp_rank: int = 0,
                   has_start: bool = False, pdl: bool = False) -> Plan:
     """Launch plan of ``thd_positions_kernel``: SEQS sequences a program, about
@@ -245,7 +246,7 @@ def replacements(kind: str, size: int = 0) -> list:
     if kind == "before":
         kernel, plan = BEFORE_KERNEL, BEFORE_PLAN
     else:
-        kernel, plan = SCATTER_KERNEL, SCATTER_PLAN.replace("__ELEMENTS__", str(size))
+        kernel, plan = COUNT_KERNEL, COUNT_PLAN.replace("__ELEMENTS__", str(size))
     return [(between(source, PRE_PASS_DEF, PRE_PASS_END), kernel),
             (between(source, PLAN_DEF, PLAN_END), plan)]
 
