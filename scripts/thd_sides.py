@@ -1,9 +1,9 @@
 """What the thd A/B scripts share (``thd_angle_rows.py``, ``thd_first_wave.py``,
 ``thd_pre_pass_scatter.py``; before 2026-11-27 also ``thd_pre_pass_guess.py`` and
 ``thd_pre_pass_rounds.py``, retired with the pre-pass they changed): their arguments, their
-candidates made from rope_2d.py by text, the 8-head packs, each side's whole calls and pre-pass on the same packs
-checked bit for bit against the first side's, their timing in shuffled rounds (written as a
-table after every round from the second on), and the table printed side by side."""
+candidates made from rope_2d.py by text, the 8-head packs, each side's whole calls and pre-pass
+on the same packs checked bit for bit against the first side's, their timing in shuffled rounds
+(written as a table after every round from the second on), and the table printed side by side."""
 
 from __future__ import annotations
 
