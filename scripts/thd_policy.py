@@ -11,7 +11,8 @@ lengths), forward and backward, each of:
 Every variant's output is compared bit for bit with the package's (DIFF lines). Fractions of
 the device copy bandwidth, medians of ``time_ms_host_ahead`` over shuffled rounds.
 
-usage: python scripts/thd_policy.py OUT.json ROUNDS   (5 rounds: about 4 minutes on an H200)
+usage: python scripts/thd_policy.py OUT.json ROUNDS [PREFIXES]   (5 rounds: about 4 minutes on an
+H200). PREFIXES, comma-separated (say h16,h32), keeps only the packs whose names start with one.
 """
 import json, random, sys, time
 import torch
@@ -20,19 +21,28 @@ import importlib
 r2 = importlib.import_module("rope_kernels.rope_2d")
 from rope_kernels.bench import Problem, copy_bandwidth_gbps, time_ms_host_ahead, provenance
 out_path, rounds = sys.argv[1], int(sys.argv[2])
+prefixes = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ("",)
 copy = copy_bandwidth_gbps()
 packs = {}
+
+
+def add(name, **kw):
+    if name.startswith(prefixes):
+        packs[name] = Problem("thd", **kw)
+
+
 for n in (64, 128, 256, 512, 1024, 2048, 4096, 16384, 65536):
-    packs[f"h8 random {n}"] = Problem("thd", seq_len=8, batch=16384, heads=8, n_seqs=n)
-packs["h8 uniform x8"] = Problem("thd", seq_len=8, batch=16384, heads=8)
-packs["h8 uniform x512"] = Problem("thd", seq_len=512, batch=256, heads=8)
-for n in (16, 32, 64, 128, 256):
-    packs[f"h16 random {n}"] = Problem("thd", seq_len=8, batch=8192, heads=16, n_seqs=n)
-for n in (16, 32, 64, 128, 256):
-    packs[f"h32 random {n}"] = Problem("thd", seq_len=4, batch=16384, heads=32, n_seqs=n)
-packs["h32 uniform x1024"] = Problem("thd", seq_len=1024, batch=64, heads=32)
+    add(f"h8 random {n}", seq_len=8, batch=16384, heads=8, n_seqs=n)
+add("h8 uniform x8", seq_len=8, batch=16384, heads=8)
+add("h8 uniform x512", seq_len=512, batch=256, heads=8)
+# 16-bit rows wider than 2 KB: 32, 48 and 63 sequences share the count's slot of 64 boundaries.
+for n in (16, 32, 48, 63, 64, 128, 256):
+    add(f"h16 random {n}", seq_len=8, batch=8192, heads=16, n_seqs=n)
+for n in (16, 32, 48, 63, 64, 128, 256):
+    add(f"h32 random {n}", seq_len=4, batch=16384, heads=32, n_seqs=n)
+add("h32 uniform x1024", seq_len=1024, batch=64, heads=32)
 for n in (32, 64, 128):
-    packs[f"fp32 h8 random {n}"] = Problem("thd", seq_len=8, batch=8192, heads=8, n_seqs=n, dtype="fp32")
+    add(f"fp32 h8 random {n}", seq_len=8, batch=8192, heads=8, n_seqs=n, dtype="fp32")
 V = {"count": dict(token_rows=False), "pre lf": dict(token_rows=True, wait_first=False),
      "pre wf": dict(token_rows=True, wait_first=True)}
 fns, nb, pk = {}, {}, {}
@@ -76,6 +86,6 @@ for pname, t in table.items():
     for d, row in t.items():
         print(f"   {d} " + " ".join(f"{c}={v:.3f}" for c, v in sorted(row.items())))
 prov = provenance(copy, "probe")
-prov.update(command=f"python scripts/thd_policy.py {out_path} {rounds}",
+prov.update(command=" ".join(["python scripts/thd_policy.py"] + sys.argv[1:]),
             timing=f"time_ms_host_ahead median of {rounds} shuffled rounds (L2 flushed per call)")
 json.dump(dict(provenance=prov, package=pk, table=table), open(out_path, "w"), indent=1)
