@@ -726,15 +726,19 @@ TILE_BYTES = 8192  # input bytes per program on a GPU (not thd)
 # binary search in every tile was ahead at 16 and 64 sequences (0.957/0.953 of copy against
 # 0.943/0.952), the pre-pass from 256 on (0.965 against 0.948; 0.965 against 0.878 at 1024).
 TOKEN_ROWS_ABOVE = 128
-# ... and for 16-bit token rows wider than 2 KB (16 heads of 128 and more), more than this many.
-# H200, random cuts, fraction of copy forward / backward, count -> pre-pass (5 shuffled rounds,
-# figures/thd_policy_h200.json, scripts/thd_policy.py): 65536 tokens of 32 heads in 32, 64 and
-# 128 sequences 0.961 / 0.949 -> 0.976 / 0.975, 0.949 / 0.945 -> 0.973 / 0.975, 0.953 / 0.945
-# -> 0.977 / 0.980; of 16 heads 0.937 / 0.934 -> 0.947 / 0.957 at 32, 0.923 / 0.917 -> 0.948 /
-# 0.953 at 64; at 16 sequences the count stays ahead (0.983 / 0.987 against 0.976 / 0.980 at 32
-# heads, 0.966 / 0.967 against 0.954 / 0.950 at 16). fp32 rows of 8 heads (4 KB) keep the count:
-# 0.942-0.951 against 0.923-0.936 with the pre-pass at 32-128 sequences.
-WIDE_TOKEN_ROWS_ABOVE = 16
+# ... and for 16-bit token rows wider than 2 KB (16 heads of 128 and more), more than this many:
+# the count while its slot (_count_slot) holds at most 64 boundaries. H200, 65536 tokens cut at
+# random, fraction of copy forward / backward, count against pre-pass (7 shuffled rounds,
+# figures/thd_policy_h200_wide.json, scripts/thd_policy.py): 16 heads in 32, 48 and 63 sequences
+# 0.967 / 0.964 against 0.951 / 0.955, 0.964 / 0.966 against 0.957 / 0.951, 0.963 / 0.968
+# against 0.958 / 0.957; 32 heads 0.983 / 0.985 against 0.973 / 0.977, 0.981 / 0.985 against
+# 0.980 / 0.981, 0.982 / 0.985 against 0.978 / 0.980. At 64 sequences (a slot of 128) the count
+# falls to 0.934 / 0.935 and 0.951 / 0.953 against 0.955 / 0.954 and 0.977 / 0.981. Until
+# 2026-11-27 this was 16: on the code of 2026-11-26 the count was behind at 32 sequences
+# (figures/thd_policy_h200.json); on the code since, it led at 32 in an earlier run too
+# (figures/thd_policy_h200_blocks.json). fp32 rows of 8 heads (4 KB) keep the count up to
+# TOKEN_ROWS_ABOVE: 0.942-0.951 against 0.923-0.936 with the pre-pass at 32-128 sequences.
+WIDE_TOKEN_ROWS_ABOVE = 63
 # With the pre-pass (and PDL), 16-bit token rows of more than 1 KB and at most 2 KB (8 heads of
 # 128) wait for it before their x loads (WAIT_FIRST) where the sequences average at least this
 # many tokens. H200, 131072 tokens of 8 heads cut at random, forward / backward, x loads before

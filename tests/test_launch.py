@@ -783,6 +783,8 @@ def test_thd_policy_pre_pass_and_wait_first():
     call makes (WAIT_FIRST needs PDL, so it is False on the CPU and on GPUs without it)."""
     wide, narrow = r2.WIDE_TOKEN_ROWS_ABOVE, r2.TOKEN_ROWS_ABOVE
     assert wide < narrow
+    # wide rows count while the count's slot holds at most 64 boundaries (63 sequences)
+    assert (r2._count_slot(wide, False), r2._count_slot(wide + 1, False)) == (64, 128)
     for heads, d, esize, n_seqs, want in (
             (16, 128, 2, wide, False), (16, 128, 2, wide + 1, True), (32, 128, 2, wide + 1, True),
             (8, 128, 2, wide + 1, False), (8, 128, 2, narrow, False), (8, 128, 2, narrow + 1, True),
