@@ -197,3 +197,14 @@ def _cos_sin_backward(ctx, q_grad, k_grad):
 
 
 rope_cos_sin.register_autograd(_cos_sin_backward, setup_context=_cos_sin_setup)
+
+
+@torch.library.custom_op("rope_kernels::rope_cos_sin_", mutates_args=("q", "k"))
+def rope_cos_sin_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, heads_axis: int,
+                  pairs: str) -> None:
+    _qk.rope_cos_sin(q, k, cos, sin, heads_axis, pairs=pairs, q_out=q, k_out=k)
+
+
+@rope_cos_sin_.register_fake
+def _(q, k, cos, sin, heads_axis, pairs):
+    return None

@@ -23,6 +23,11 @@ traceable by ``torch.compile``, so that a model can use it by assignment::
 Assigning one over a model's function of another pairing gives wrong results without an error
 (the signatures are the same): check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved)
 and whether its function repeat_interleaves cos.
+
+Each has an ``_inplace`` variant for inference (generation under ``torch.no_grad()``, serving),
+which rotates q and k where they lie and returns them, as Liger-Kernel's ``liger_rotary_pos_emb``
+does: no new tensors, and it too can be assigned over a model's function, but it refuses q and k
+that need a gradient (the out-of-place function is the differentiable one).
 """
 
 from __future__ import annotations
@@ -34,9 +39,14 @@ from . import api as _api
 from . import rope_qk as _qk
 from ._validate import validate_hf_args
 
-__all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved"]
+__all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved",
+           "apply_rotary_pos_emb_inplace", "apply_rotary_pos_emb_glm_inplace",
+           "apply_rotary_pos_emb_interleaved_inplace"]
 
 _Tensor = torch.Tensor
+_IN_PLACE_NAMES = {"half": "apply_rotary_pos_emb_inplace",
+                   "interleaved": "apply_rotary_pos_emb_interleaved_inplace",
+                   "glm": "apply_rotary_pos_emb_glm_inplace"}
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -92,8 +102,52 @@ def apply_rotary_pos_emb_glm(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor
     return _apply(q, k, cos, sin, unsqueeze_dim, "glm")
 
 
-def _apply(q, k, cos, sin, unsqueeze_dim, pairs):
-    """The three functions' body: ``pairs`` is rope_qk.HF_PAIRS' key."""
+def apply_rotary_pos_emb_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                 sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb`` writing into q and k: one launch, no allocation.
+
+    Args as ``apply_rotary_pos_emb``. q and k must not need a gradient (raises ValueError: use
+    ``apply_rotary_pos_emb``, which is differentiable), nor have elements that share memory
+    (a stride of 0, or k the same tensor as q).
+
+    Returns:
+        ``(q, k)``, the tensors given, rotated (channels past ``rotary_dim`` left as they were).
+    """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half", True)
+
+
+def apply_rotary_pos_emb_interleaved_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                             sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_interleaved`` (Cohere's) writing into q and k, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved", True)
+
+
+def apply_rotary_pos_emb_glm_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                     sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_glm`` (GLM's) writing into q and k, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "glm", True)
+
+
+def _check_in_place(q, k, name):
+    """What an in-place call refuses beyond the out-of-place one's checks."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise ValueError(f"{name} cannot rotate q and k that require grad (autograd would lose the "
+                         f"values it needs): use {name[:-len('_inplace')]}, which is "
+                         f"differentiable, or call it under torch.no_grad()")
+    if k is q:
+        raise ValueError(f"{name} needs q and k to be different tensors, got one tensor for both")
+    for arg, x in (("q", q), ("k", k)):
+        if any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())):
+            raise ValueError(f"{name} writes into {arg}, whose elements share memory (a stride of "
+                             f"0, as from expand()): got shape {tuple(x.shape)}, strides "
+                             f"{x.stride()}; pass {arg}.contiguous()")
+
+
+def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
+    """The six functions' body: ``pairs`` is rope_qk.HF_PAIRS' key; ``in_place``: write into q
+    and k and return them."""
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.
     shortcuts = _api._SHORTCUTS
@@ -104,9 +158,12 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs):
             and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
                                                or cos.requires_grad or sin.requires_grad))):
         # (Interleaved pairs: whether the addresses allow reading them as words decides the plan.)
-        flags = ("hf", unsqueeze_dim, pairs, pairs != "half" and _qk._aligned(q, k))
+        flags = ("hf", unsqueeze_dim, pairs, pairs != "half" and _qk._aligned(q, k), in_place)
         for known, check, entry in shortcuts.recent:  # (see rope_kernels.api._Shortcuts)
             if known == flags and check(q, k, cos, sin):
+                if in_place:
+                    entry((q, k, cos, sin))
+                    return q, k
                 q_embed, k_embed = entry((q, k, cos, sin))
                 return q_embed, k_embed
         sig = (flags, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
@@ -115,6 +172,9 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs):
         entry = shortcuts.entries.get(sig)
         if entry:
             shortcuts.remember(flags, (q, k, cos, sin), entry)
+            if in_place:
+                entry((q, k, cos, sin))
+                return q, k
             q_embed, k_embed = entry((q, k, cos, sin))
             return q_embed, k_embed
         if entry is False:  # its full path is not one launch
@@ -124,6 +184,16 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs):
         raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
                          "pass cos.detach() and sin.detach() (transformers' rotary module "
                          "computes them from a buffer, without gradient)")
+    if in_place:
+        _check_in_place(q, k, _IN_PLACE_NAMES[pairs])
+        if torch.compiler.is_compiling():
+            _ops.rope_cos_sin_(q, k, cos, sin, unsqueeze_dim, pairs)
+            return q, k
+        shortcuts.full_path(
+            sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, pairs=pairs, q_out=q,
+                                          k_out=k),
+            (q, k, cos, sin), lambda _: ())
+        return q, k
     if torch.compiler.is_compiling() or (torch.is_grad_enabled()
                                          and (q.requires_grad or k.requires_grad)):
         return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False, pairs)

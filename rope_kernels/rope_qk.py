@@ -1288,26 +1288,33 @@ HF_PAIRS = {
 
 
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 heads_axis: int = 1, backward: bool = False, pairs: str = "half"):
+                 heads_axis: int = 1, backward: bool = False, pairs: str = "half",
+                 q_out: Optional[torch.Tensor] = None, k_out: Optional[torch.Tensor] = None):
     """Hugging Face convention: ``q`` [b, h, s, d] (``heads_axis=1``) or [b, s, h, d]
     (``heads_axis=2``), any strides, ``k`` alike with its own head count; ``cos``, ``sin``
     [b, s, rotary_dim], [1, s, rotary_dim] or [s, rotary_dim], channels past rotary_dim copied.
     ``pairs`` (``HF_PAIRS``): "half" rotates channel j with j + rotary_dim/2 by cos/sin of each
     channel (Llama's function); "interleaved" 2j with 2j+1, cos/sin of each channel (Cohere's,
     whose rotary module repeat_interleaves them); "glm" 2j with 2j+1 by pair j's cos/sin, read at
-    channel j (GLM's function, given Llama's layout of cos and sin). Returns new q and k, laid
-    out as transformers' functions lay out theirs (``hf_outputs``)."""
+    channel j (GLM's function, given Llama's layout of cos and sin). Writes into ``q_out`` and
+    ``k_out`` (pass q and k for in place; both or neither) and returns them; if None, new tensors
+    laid out as transformers' functions lay out theirs (``hf_outputs``)."""
     angles, interleaved = HF_PAIRS[pairs]
     _check_device(q)
-    q_out, k_out = hf_outputs(q, k, cos.shape[-1])
+    if q_out is None:
+        q_out, k_out = hf_outputs(q, k, cos.shape[-1])
+        out_strides = None  # follow from the inputs' shapes and strides
+    else:
+        out_strides = (q_out.stride(), k_out.stride(), q_out.dtype, k_out.dtype)
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
+    in_place = q_out is q and k_out is k
     aligned = interleaved and _aligned(q, k, q_out, k_out)
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
            cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
-           aligned)
+           aligned, out_strides, in_place)
 
     def make_plan():
         q_sizes, q_in = _sbhd_of_hf(q, heads_axis)
@@ -1321,7 +1328,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      dtype=q.dtype, angles=angles, rotary_dim=cos.shape[-1],
                      has_positions=False, has_start=False, interleaved=interleaved,
                      backward=backward, cp_size=1, cp_rank=0, t_strides=t_strides,
-                     p_strides=(0, 0), same_table=True, aligned=aligned)
+                     p_strides=(0, 0), same_table=True, in_place=in_place, aligned=aligned)
 
     _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
     return q_out, k_out

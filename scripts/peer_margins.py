@@ -100,7 +100,11 @@ def calls_for(point: dict, problem, float32_tables: bool = True) -> dict:
     entry = point["entry"]
     impls = {"te": bench.implementations, "qk": bench.qk_implementations,
              "qkv": bench.qkv_implementations}[entry]()
-    ours = (bench.IN_PLACE if "in place" in point["peer"] else bench.PRIMARY)[entry]
+    if "in place" in point["peer"]:  # the first of our in-place calls that runs here
+        ours = next(name for name in bench.IN_PLACE[entry]
+                    if impls[name](problem, point["direction"]) is not None)
+    else:
+        ours = bench.PRIMARY[entry]
     names = [ours, point["peer"]]
     if point["peer"] == LIGER and float32_tables:
         impls[LIGER_FLOAT32] = (bench._liger if entry == "te" else bench._liger_qk)(True)

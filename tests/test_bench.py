@@ -51,6 +51,21 @@ def test_out_of_place_peer_decides_where_it_is_the_closest():
     assert f"{1.02:.3f} (flash-attn rotary (Triton))" in ratio, ratio
 
 
+def test_liger_on_q_and_k_is_compared_with_the_in_place_call_given_its_inputs():
+    """q+k: Liger, given the model's cos and sin per token, is compared with our in-place Hugging
+    Face call, which is given the same; the cache call in place (which first reads each token's
+    position) only at shapes where that call has no row (recordings made before it existed)."""
+    qk = dict(entry="qk", tensor_format="qk", k_heads=8)
+    times = {"ours: cos_sin_cache, q+k one launch": 1.00, "ours: cos_sin_cache in place": 0.99,
+             "Liger-Kernel (q+k, in place)": 0.975}
+    df = pd.DataFrame(rows(dict(times, **{"ours: hf.apply_rotary_pos_emb_inplace": 0.97}), **qk)
+                      + rows(times, **qk, batch=8))
+    joined = bench.compare_with_peers(df).reset_index().set_index("batch")
+    assert joined.loc[16, "speedup"] == pytest.approx(0.975 / 0.97)
+    assert joined.loc[8, "speedup"] == pytest.approx(0.975 / 0.99)
+    assert set(joined.best_other) == {"Liger-Kernel (q+k, in place)"}
+
+
 def test_without_our_in_place_row_the_primary_call_is_compared():
     df = pd.DataFrame(rows({"triton-2d (ours)": 1.00, "Liger-Kernel (q+k, in place)": 0.98}))
     _, worst = table_and_worst(df)

@@ -480,3 +480,131 @@ def test_tiny_model_under_autocast(arch, seed, monkeypatch):
     for name in grads:
         diff = (grads2[name] - grads[name]).abs().max()
         assert diff <= bound * grads[name].abs().max(), (name, diff.item())
+
+
+# --- In place (``*_inplace``): Liger-Kernel's contract, for inference -----------------------------
+IN_PLACE = {"half": rope_kernels.hf.apply_rotary_pos_emb_inplace,
+            "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved_inplace,
+            "glm": rope_kernels.hf.apply_rotary_pos_emb_glm_inplace}
+# pairs -> (transformers' module, its rotary module) whose function the in-place call must match
+_TRANSFORMERS = {"half": (modeling_gpt_neox, lambda: modeling_gpt_neox.GPTNeoXRotaryEmbedding(
+                     _neox_config())),  # partial rotary: cos covers half the head
+                 "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["glm"][:2]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pairs", list(IN_PLACE))
+@pytest.mark.parametrize("view", ["fused projection", "transposed", "unsqueeze_dim 2",
+                                  "whole head"])
+def test_inplace_matches_out_of_place_and_transformers(dtype, pairs, view, seed):
+    """The in-place call returns the tensors it was given, holding what the out-of-place call
+    returns (the same bits) and within rounding of transformers' own function; in a fused
+    projection's buffer, v and the channels past rotary_dim are left exactly as they were."""
+    module, rotary = _TRANSFORMERS[pairs]
+    if view == "whole head":  # Llama's function and table (Cohere's covers the head anyway)
+        module = modeling_llama if pairs == "half" else module
+        rotary = ((lambda: modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=16)))
+                  if pairs == "half" else
+                  (lambda: modeling_helium.HeliumRotaryEmbedding(_helium_config()))
+                  if pairs == "glm" else rotary)
+    b, s, hq, hk, d = 2, 5, 4, 2, 16
+    unsqueeze_dim = 2 if view == "unsqueeze_dim 2" else 1
+    cos, sin = _cos_sin(rotary(), b, s, dtype, seed)
+    if view == "fused projection":  # q, k, v from one [b, s, (hq + 2 hk) * d] projection
+        qkv = randn((b, s, (hq + 2 * hk) * d), dtype, seed)
+        q = qkv[..., : hq * d].view(b, s, hq, d).transpose(1, 2)
+        k = qkv[..., hq * d: (hq + hk) * d].view(b, s, hk, d).transpose(1, 2)
+    else:
+        q, k = randn((b, s, hq, d), dtype, seed), randn((b, s, hk, d), dtype, seed + 1)
+        qkv = None
+        if unsqueeze_dim == 1:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+    before = [x.clone() for x in (q, k)] + ([qkv.clone()] if qkv is not None else [])
+    out_of_place = HF_FUNCTIONS[pairs](q, k, cos, sin, unsqueeze_dim)
+    theirs = module.apply_rotary_pos_emb(before[0], before[1], cos, sin, unsqueeze_dim)
+    got = IN_PLACE[pairs](q, k, cos, sin, unsqueeze_dim)
+    assert got[0] is q and got[1] is k
+    r = cos.shape[-1]
+    for name, x, o, t, b4 in zip("qk", got, out_of_place, theirs, before):
+        assert torch.equal(x, o), name
+        assert_rope_close(x, hf_reference(b4, cos, sin, unsqueeze_dim, pairs), dtype, name)
+        tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2}[dtype]
+        torch.testing.assert_close(x, t.to(dtype), rtol=tol, atol=tol)
+        assert torch.equal(x[..., r:], b4[..., r:]), name  # past rotary_dim: untouched
+        assert not torch.equal(x[..., :r], b4[..., :r]), name
+    if qkv is not None:  # v's columns of the projection, never a pointer of the call
+        assert torch.equal(qkv[..., (hq + hk) * d:], before[2][..., (hq + hk) * d:])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_inplace_in_a_tiny_model_generating(arch, seed, monkeypatch):
+    """Generation (``torch.no_grad``, a KV cache, prefill then one token a step) with the
+    in-place function assigned over transformers': the same tokens and, at each step, the same
+    logits as with transformers' own."""
+    config, model, module, ids = _tiny_model(arch, seed)
+    model.eval()
+    kw = dict(max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True,
+              pad_token_id=0)
+    with torch.no_grad():
+        theirs = model.generate(ids, **kw)
+        calls = []
+
+        def ours(*args, **kwargs):
+            calls.append(1)
+            return rope_kernels.hf.apply_rotary_pos_emb_inplace(*args, **kwargs)
+
+        monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
+        mine = model.generate(ids, **kw)
+    assert len(calls) == 4 * config.num_hidden_layers  # prefill and 3 decode steps
+    assert torch.equal(mine.sequences, theirs.sequences)
+    for a, b in zip(mine.logits, theirs.logits):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_inplace_refuses_what_it_cannot_do(seed):
+    """Clear errors, naming the function and what to do instead: q or k that need a gradient
+    (not under no_grad, where they are fine), one tensor for q and k, and a q whose elements share
+    memory. The out-of-place checks apply as well."""
+    fn = rope_kernels.hf.apply_rotary_pos_emb_glm_inplace
+    q, k = randn((2, 4, 5, 16), torch.float32, 1), randn((2, 2, 5, 16), torch.float32, 2)
+    cos, sin = randn((2, 5, 16), torch.float32, 3), randn((2, 5, 16), torch.float32, 4)
+    before = q.clone()
+    with pytest.raises(ValueError, match=r"apply_rotary_pos_emb_glm_inplace cannot rotate q and k "
+                                         r"that require grad.*apply_rotary_pos_emb_glm, which"):
+        fn(q.clone().requires_grad_(True), k, cos, sin)
+    with torch.no_grad():
+        fn(q.clone().requires_grad_(True), k.clone(), cos, sin)
+    with pytest.raises(ValueError, match="different tensors"):
+        fn(q, q, cos, sin)
+    wide = randn((2, 1, 5, 16), torch.float32, 5).expand(2, 4, 5, 16)
+    with pytest.raises(ValueError, match=r"writes into q, whose elements share memory.*"
+                                         r"\(80, 0, 16, 1\)"):
+        fn(wide, k, cos, sin)
+    with pytest.raises(ValueError, match="unsqueeze_dim must be 1"):
+        fn(q, k, cos, sin, 3)
+    assert torch.equal(q, before)  # nothing was written by a refused call
+
+
+@pytest.mark.parametrize("pairs", list(rope_qk.HF_PAIRS))
+def test_inplace_operator_under_compile(pairs, seed):
+    """torch.compile with fullgraph: the in-place operator mutates the traced q and k, which
+    come back rotated as in eager mode."""
+    from rope_kernels import _ops
+
+    b, s, hq, hk, d = 2, 3, 4, 2, 16
+    q = randn((b, s, hq, d), torch.float32, seed).transpose(1, 2)
+    k = randn((b, s, hk, d), torch.float32, seed + 1).transpose(1, 2)
+    cos = randn((b, s, 8 if pairs == "glm" else d), torch.float32, seed + 2)
+    sin = randn((b, s, 8 if pairs == "glm" else d), torch.float32, seed + 3)
+    expected = HF_FUNCTIONS[pairs](q, k, cos, sin)
+    result = torch.library.opcheck(_ops.rope_cos_sin_, (q.clone(), k.clone(), cos, sin, 1, pairs),
+                                   test_utils=("test_faketensor", "test_schema"))
+    assert set(result.values()) == {"SUCCESS"}, result
+    torch._dynamo.reset()
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+    compiled = torch.compile(IN_PLACE[pairs], fullgraph=True, backend=backend)
+    q2, k2 = q.clone(), k.clone()
+    got = compiled(q2, k2, cos, sin)
+    for x, o, e in zip((q2, k2), got, expected):
+        torch.testing.assert_close(x, e, rtol=0, atol=0)
+        torch.testing.assert_close(o, e, rtol=0, atol=0)

@@ -476,7 +476,7 @@ def _te_expected(kw):
 
 
 @pytest.mark.parametrize("entry_point", ["te", "te_start", "cache", "cache_inplace", "hf",
-                                         "qkv"])
+                                         "hf_inplace", "qkv"])
 def test_recent_signature_answers_without_the_key(entry_point, shortcuts, seed):
     """The second call finds its entry by key and puts it among the recent signatures; the
     third is answered by flags and tensor check alone (the key's dict made to fail), for every
@@ -650,8 +650,15 @@ def _calls(entry_point, seed, aligned=True):
             k = randn((2, 1, 2, 32), torch.bfloat16, seed + 99 + call).transpose(1, 2)
             _, _, cos, sin = _hf_inputs(seed + call, rotary_dim=32)
             cos, sin = cos[:, :1], sin[:, :1]
+            refs = (hf_reference(q, cos, sin), hf_reference(k, cos, sin))
+            if entry_point == "hf_inplace":
+                def run():
+                    out = rope_kernels.hf.apply_rotary_pos_emb_inplace(q, k, cos, sin)
+                    assert out[0] is q and out[1] is k
+                    return out
+                return run, lambda: refs
             return (lambda: rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin),
-                    lambda: (hf_reference(q, cos, sin), hf_reference(k, cos, sin)))
+                    lambda: refs)
     return make
 
 
@@ -671,7 +678,7 @@ def _spy(entry):
     return calls
 
 
-ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf", "qkv"]
+ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf", "hf_inplace", "qkv"]
 
 
 @gpu
