@@ -134,3 +134,44 @@ def test_inplace_cache_call_on_inference_tensors():
             apply_rope_with_cos_sin_cache_inplace(pos, q_inf, k_inf, D, cache)
         torch.testing.assert_close(q_inf, expected[0], rtol=0, atol=0)
         torch.testing.assert_close(k_inf, expected[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_hf_inplace_exports_as_a_mutation_of_its_inputs(strict):
+    """Hugging Face's in-place function exports as its mutating operator; the exported program
+    writes the rotation into the q and k it is given, as eager mode does."""
+    def fn(q, k, cos, sin):
+        return rope_kernels.hf.apply_rotary_pos_emb_inplace(q, k, cos, sin)
+
+    def make(seed):
+        return [randn((2, 5, 4, D), torch.float32, seed).transpose(1, 2),
+                randn((2, 5, 2, D), torch.float32, seed + 1).transpose(1, 2),
+                randn((2, 5, D), torch.float32, seed + 2).cos(),
+                randn((2, 5, D), torch.float32, seed + 2).sin()]
+
+    ep = torch.export.export(_Module(fn), tuple(make(0)), strict=strict)
+    assert _our_ops(ep) == {"rope_kernels.rope_cos_sin_.default"}, ep.graph
+    q, k, cos, sin = make(80)
+    expected = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    out = ep.module()(q, k, cos, sin)
+    for x, o, e in zip((q, k), out, expected):
+        torch.testing.assert_close(x, e, rtol=0, atol=0)
+        torch.testing.assert_close(o, e, rtol=0, atol=0)
+
+
+def test_hf_inplace_call_on_inference_tensors():
+    """Three calls in a row under inference mode (the later ones through the eager shortcut), on
+    inference tensors: the bits of the out-of-place call under no_grad."""
+    for seed in (90, 91, 92):
+        q = randn((2, 3, 4, D), torch.bfloat16, seed).transpose(1, 2)
+        k = randn((2, 3, 2, D), torch.bfloat16, seed + 1).transpose(1, 2)
+        cos = randn((1, 3, D), torch.bfloat16, seed + 2).cos()
+        sin = randn((1, 3, D), torch.bfloat16, seed + 2).sin()
+        with torch.no_grad():
+            expected = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)
+        with torch.inference_mode():
+            q_inf, k_inf = q.clone(), k.clone()
+            got = rope_kernels.hf.apply_rotary_pos_emb_inplace(q_inf, k_inf, cos, sin)
+        assert got[0] is q_inf and got[1] is k_inf and q_inf.is_inference()
+        torch.testing.assert_close(q_inf, expected[0], rtol=0, atol=0)
+        torch.testing.assert_close(k_inf, expected[1], rtol=0, atol=0)
