@@ -486,10 +486,14 @@ def test_tiny_model_under_autocast(arch, seed, monkeypatch):
 IN_PLACE = {"half": rope_kernels.hf.apply_rotary_pos_emb_inplace,
             "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved_inplace,
             "glm": rope_kernels.hf.apply_rotary_pos_emb_glm_inplace}
-# pairs -> (transformers' module, its rotary module) whose function the in-place call must match
+# pairs -> (transformers' module, its rotary module) whose function the in-place call must match:
+# with part of the head rotated where the family has it (GPT-NeoX's, GLM's), and the whole head.
 _TRANSFORMERS = {"half": (modeling_gpt_neox, lambda: modeling_gpt_neox.GPTNeoXRotaryEmbedding(
-                     _neox_config())),  # partial rotary: cos covers half the head
+                     _neox_config())),
                  "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["glm"][:2]}
+_WHOLE_HEAD = {"half": (modeling_llama, lambda: modeling_llama.LlamaRotaryEmbedding(
+                   _llama_config(head_dim=16))),
+               "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["helium"][:2]}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -500,13 +504,7 @@ def test_inplace_matches_out_of_place_and_transformers(dtype, pairs, view, seed)
     """The in-place call returns the tensors it was given, holding what the out-of-place call
     returns (the same bits) and within rounding of transformers' own function; in a fused
     projection's buffer, v and the channels past rotary_dim are left exactly as they were."""
-    module, rotary = _TRANSFORMERS[pairs]
-    if view == "whole head":  # Llama's function and table (Cohere's covers the head anyway)
-        module = modeling_llama if pairs == "half" else module
-        rotary = ((lambda: modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=16)))
-                  if pairs == "half" else
-                  (lambda: modeling_helium.HeliumRotaryEmbedding(_helium_config()))
-                  if pairs == "glm" else rotary)
+    module, rotary = (_WHOLE_HEAD if view == "whole head" else _TRANSFORMERS)[pairs]
     b, s, hq, hk, d = 2, 5, 4, 2, 16
     unsqueeze_dim = 2 if view == "unsqueeze_dim 2" else 1
     cos, sin = _cos_sin(rotary(), b, s, dtype, seed)
