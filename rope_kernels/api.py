@@ -462,7 +462,9 @@ def apply_rope_with_cos_sin_cache_inplace(
     validate: bool = True,
 ) -> None:
     """``apply_rope_with_cos_sin_cache`` writing into ``query`` and ``key`` (FlashInfer's
-    in-place variant, what vLLM calls): one launch, no allocation, not differentiable."""
+    in-place variant, what vLLM calls): one launch, no allocation, not differentiable. Channels
+    past ``rotary_dim`` are neither read nor written, as FlashInfer's and vLLM's kernels leave
+    them."""
     sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
                                  validate, True)
     if entry:

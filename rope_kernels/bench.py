@@ -5,7 +5,9 @@ RoPE is memory-bound, so speed is reported as achieved bandwidth against what th
     GB/s = (bytes read of t + bytes written of out + bytes of the float32 angle rows used) / time
 
 the fewest bytes any implementation must move (the same count for every implementation, so the
-numbers compare times). The ceiling is the device-to-device copy bandwidth measured first, in the
+numbers compare times), but for the in-place calls with part of the head rotated
+(``ROTATED_CHANNELS_ONLY``): they leave the other channels where they are, and count only the
+rotated ones (``moved_bytes``; compare their times, ``ms``, with the other calls'). The ceiling is the device-to-device copy bandwidth measured first, in the
 same run, counting bytes read plus bytes written (2 GB copied). Times are medians of
 ``triton.testing.do_bench`` (which clears L2 before every call) on tensors larger than L2; decode-
 sized calls are timed back to back with CUDA events instead, so Python launch cost is included.
@@ -14,7 +16,8 @@ do_bench clears L2 by writing 256 MB of zeros, so every timed call starts by wri
 dirty lines that leaves in L2: a cost of a few microseconds that is not the kernel's, and that
 smaller problems feel more (on an H200, a 268 MB copy timed this way reaches 0.92 of the 2 GB
 copy's bandwidth). So each problem is also measured against a copy of its own bytes, timed the
-same way (``copy_same_gbps``): the bandwidth a pure streaming kernel of that size gets here.
+same way (``copy_same_gbps``, of the bytes each call moves): the bandwidth a pure streaming
+kernel of that size gets here.
 
 Writes ``bench.csv`` (one row per measurement), ``provenance.json`` (GPU, versions, date, copy
 bandwidth, command) and plots into the output folder, and prints a short summary.
@@ -204,7 +207,9 @@ def provenance(copy_gbps: float, mode: str) -> dict:
         "copy_gbps": round(copy_gbps, 1),
         "mode": mode,
         "command": "python -m rope_kernels.bench --mode " + mode,
-        "bytes": "read t + write out + read the float32 angle rows used (once)",
+        "bytes": "read t + write out + read the float32 angle rows used (once); in-place calls "
+                 "with part of the head rotated: the rotated channels only (they leave the rest "
+                 "where it is)",
         "timing": "triton.testing.do_bench median (L2 flushed per call); copy_same_gbps: a "
                   "copy of each problem's bytes timed the same way; decode: back-to-back calls "
                   "timed with CUDA events, Python launch included, fastest of 4 rounds. "
@@ -528,6 +533,13 @@ class QKProblem:
         return (2 * (self.q.numel() + self.k.numel()) * self.q.element_size()
                 + self.seq_len * self.rotary_dim * 4)
 
+    @property
+    def rotated_nbytes(self) -> int:
+        """The rotated channels of q and k read and written once + the cos/sin rows: what an
+        in-place call that leaves the rest where it is moves (``moved_bytes``)."""
+        return (2 * (self.q.numel() + self.k.numel()) // self.head_dim * self.rotary_dim
+                * self.q.element_size() + self.seq_len * self.rotary_dim * 4)
+
     def tokens(self, x):  # [b, s, h, d] -> [b*s, h*d]
         return x.view(self.batch * self.seq_len, -1)
 
@@ -776,7 +788,7 @@ def _failed(name: str, problem: Problem, e: Exception) -> None:
 
 
 def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
-            copy_same_gbps: Optional[float] = None) -> list[dict]:
+            copy_same_gbps=None) -> list[dict]:
     """One row per implementation that applies, timed with ``time_ms`` (decode-sized problems:
     ``measure_decode``)."""
     timed = {}
@@ -819,15 +831,35 @@ def measure_decode(problems: list, sweep: str, copy_gbps: float, rounds: int = 4
     return rows
 
 
+# In-place calls that leave the channels past rotary_dim where they are, neither read nor
+# written (as vLLM's and FlashInfer's in-place kernels do): with part of the head rotated they
+# move the rotated channels only, and their GB/s count those bytes (``moved_bytes``).
+ROTATED_CHANNELS_ONLY = frozenset({"ours: cos_sin_cache in place",
+                                   "ours: hf.apply_rotary_pos_emb_inplace",
+                                   "ours: cos_sin_cache in place, CUDA graph replay"})
+
+
+def moved_bytes(problem: Problem, impl: str) -> int:
+    """Bytes ``impl`` moves on ``problem``: ``problem.nbytes``, but ``problem.rotated_nbytes`` for
+    a call of ROTATED_CHANNELS_ONLY with part of the head rotated."""
+    if impl in ROTATED_CHANNELS_ONLY and problem.rotary_dim < problem.head_dim:
+        return problem.rotated_nbytes
+    return problem.nbytes
+
+
 def _rows(timed: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
-          copy_same_gbps: Optional[float] = None) -> list[dict]:
-    """Benchmark rows from {implementation: (ms, how it was timed)}."""
+          copy_same_gbps=None) -> list[dict]:
+    """Benchmark rows from {implementation: (ms, how it was timed)}. ``copy_same_gbps``: the
+    copy of the bytes moved, a number (every call moves ``problem.nbytes``) or a function of
+    the bytes (``moved_bytes``)."""
     rows = []
     for name, (ms, timing) in timed.items():
-        gbps = problem.nbytes / ms / 1e6
+        moved = moved_bytes(problem, name)
+        gbps = moved / ms / 1e6
+        same = copy_same_gbps(moved) if callable(copy_same_gbps) else copy_same_gbps
         rows.append(dict(gpu=torch.cuda.get_device_name(), impl=name, direction=direction,
                          sweep=sweep, ms=ms, gbps=gbps, copy_gbps=copy_gbps, timing=timing,
-                         entry=_entry(problem.tensor_format), copy_same_gbps=copy_same_gbps,
+                         entry=_entry(problem.tensor_format), copy_same_gbps=same,
                          **problem.row()))
     return rows
 
@@ -956,11 +988,16 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
             skipped += 1
             continue
         p = make_problem(fmt, dtype, kw)
-        if p.nbytes not in copy_same:
-            copy_same[p.nbytes] = copy_same_bytes_gbps(p.nbytes)
+
+        def copy_of(moved: int) -> float:  # one copy measured per size moved, for the run
+            if moved not in copy_same:
+                copy_same[moved] = copy_same_bytes_gbps(moved)
+            return copy_same[moved]
+
+        copy_of(p.nbytes)
         for direction in ("forward", "backward"):
             rows += measure(impls[_entry(fmt)], p, direction, sweep, copy_gbps,
-                            copy_same_gbps=copy_same[p.nbytes])
+                            copy_same_gbps=copy_of)
         del p
         torch.cuda.empty_cache()
         pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(out / "bench.csv", index=False,

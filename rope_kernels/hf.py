@@ -111,7 +111,8 @@ def apply_rotary_pos_emb_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Te
     (a stride of 0, or k the same tensor as q).
 
     Returns:
-        ``(q, k)``, the tensors given, rotated (channels past ``rotary_dim`` left as they were).
+        ``(q, k)``, the tensors given, rotated; channels past ``rotary_dim`` are neither read
+        nor written (so an in-place call with half the head rotated moves half the bytes).
     """
     return _apply(q, k, cos, sin, unsqueeze_dim, "half", True)
 
@@ -132,7 +133,7 @@ def apply_rotary_pos_emb_glm_inplace(q: torch.Tensor, k: torch.Tensor, cos: torc
 
 def _check_in_place(q, k, name):
     """What an in-place call refuses beyond the out-of-place one's checks."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+    if _api._needs_grad(q, k):
         raise ValueError(f"{name} cannot rotate q and k that require grad (autograd would lose the "
                          f"values it needs): use {name[:-len('_inplace')]}, which is "
                          f"differentiable, or call it under torch.no_grad()")
@@ -194,8 +195,7 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
                                           k_out=k),
             (q, k, cos, sin), lambda _: ())
         return q, k
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
-                                         and (q.requires_grad or k.requires_grad)):
+    if torch.compiler.is_compiling() or _api._needs_grad(q, k):
         return _ops.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, False, pairs)
     return shortcuts.full_path(
         sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, pairs=pairs),

@@ -1053,7 +1053,7 @@ def rope_2d(
         cp_size, cp_rank: context parallelism, dual-chunk slicing as in TransformerEngine.
         backward: apply R(-theta) instead of R(theta): the gradient of the forward.
         out: optional output tensor of ``t``'s shape, dtype and device (any strides); ``out=t``
-            rotates in place.
+            rotates in place (channels past rotary_dim untouched: neither read nor written).
         config: optional override of ``default_config``: ``block_s``, ``block_b``, ``block_h``,
             ``num_warps`` (powers of two), ``fast_trig`` (SFU cos/sin, NVIDIA GPUs only) and
             ``token_rows`` (thd: the per-token pre-pass instead of the search over cu_seqlens;
@@ -1086,9 +1086,15 @@ def rope_2d(
                          f"shape {tuple(out.shape)}, {out.dtype}, {out.device}")
     else:
         out_strides = out.stride()
+    result = out
+    if out is t and freqs.shape[-1] < t.shape[-1]:
+        # In place, the channels past rotary_dim stay where they are, neither read nor written
+        # (as vLLM's and FlashInfer's in-place kernels leave them): the plan is that of the heads
+        # narrowed to rotary_dim, a view of the same memory, all of it rotated.
+        t = out = t[..., : freqs.shape[-1]]
     if t.numel() == 0:
         _canonical(t, tensor_format)  # still reject an unknown tensor_format
-        return out
+        return result
     is_thd = tensor_format == "thd"
     # The kernels read cu_seqlens and start_positions with stride 1: a strided view (such as
     # position_ids[:, 0]) is copied first.
@@ -1126,4 +1132,4 @@ def rope_2d(
     # Unused pointer arguments get `t` as a placeholder; constexpr flags keep them unread.
     launch(rope_2d_kernel, plan, (t, freqs, out, seq_info,
                                   start_positions if start_positions is not None else t))
-    return out
+    return result

@@ -973,7 +973,13 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
     ``offsets``: elements from the k input, k output, v input and v output pointers to the first
     element of each (a packed tensor passed whole). ``aligned``: the addresses of q's and k's
-    inputs and outputs are even in elements (``_aligned``; part of the caller's key)."""
+    inputs and outputs are even in elements (``_aligned``; part of the caller's key).
+    ``in_place``: the outputs are the inputs. Then the channels past ``rotary_dim`` are left
+    where they are, neither read nor written, as vLLM's and FlashInfer's in-place kernels leave
+    them: the plan is that of heads narrowed to ``rotary_dim`` (same strides, so the same memory),
+    all of it rotated."""
+    if in_place and rotary_dim < q[0][4]:
+        q, k = [((*sizes[:4], rotary_dim), *strides) for sizes, *strides in (q, k)]
     (seq_len, batch, qg, qu, head_dim), q_in, q_out = q
     (_, _, kg, ku, _), k_in, k_out = k
     q_heads, k_heads = qg * qu, kg * ku
@@ -1301,11 +1307,15 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     laid out as transformers' functions lay out theirs (``hf_outputs``)."""
     angles, interleaved = HF_PAIRS[pairs]
     _check_device(q)
+    if (q_out is None) != (k_out is None):
+        raise ValueError("rope_cos_sin writes into q_out and k_out, both or neither: got "
+                         f"q_out {'None' if q_out is None else 'a tensor'}, k_out "
+                         f"{'None' if k_out is None else 'a tensor'}")
     if q_out is None:
         q_out, k_out = hf_outputs(q, k, cos.shape[-1])
-        out_strides = None  # follow from the inputs' shapes and strides
+        out_meta = None  # follows from the inputs' shapes and strides
     else:
-        out_strides = (q_out.stride(), k_out.stride(), q_out.dtype, k_out.dtype)
+        out_meta = (q_out.stride(), k_out.stride(), q_out.dtype, k_out.dtype)
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     if sin.stride() != cos.stride():
@@ -1314,7 +1324,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     aligned = interleaved and _aligned(q, k, q_out, k_out)
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
            cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
-           aligned, out_strides, in_place)
+           aligned, out_meta, in_place)
 
     def make_plan():
         q_sizes, q_in = _sbhd_of_hf(q, heads_axis)

@@ -285,3 +285,33 @@ def test_host_ahead_timing_leaves_out_a_launch_slower_than_the_flush():
         if ahead < 0.02 < plain:  # milliseconds
             break
     assert ahead < 0.02 < plain, tries
+
+
+def test_in_place_calls_with_part_of_the_head_rotated_count_the_rotated_channels(monkeypatch):
+    """The in-place calls leave the channels past rotary_dim where they are: with half the head
+    rotated they move half of q's and k's bytes (+ the table), and their rows' GB/s and copy of
+    the same bytes count those; every other call, and every call with the whole head rotated,
+    counts the problem's bytes. (Problems made on the CPU here.)"""
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "GPU")
+    half = bench.QKProblem("fp32", seq_len=8, batch=2, heads=4, k_heads=2, head_dim=16,
+                           rotary_percent=0.5)
+    whole = bench.QKProblem("fp32", seq_len=8, batch=2, heads=4, k_heads=2, head_dim=16)
+    qk_bytes = 2 * (2 * 8 * (4 + 2) * 16) * 4  # q and k read and written, fp32
+    assert half.nbytes == qk_bytes + 8 * 8 * 4 and whole.nbytes == qk_bytes + 8 * 16 * 4
+    assert half.rotated_nbytes == qk_bytes // 2 + 8 * 8 * 4
+    for name in bench.ROTATED_CHANNELS_ONLY:
+        assert bench.moved_bytes(half, name) == half.rotated_nbytes
+        assert bench.moved_bytes(whole, name) == whole.nbytes
+    out_of_place = "ours: cos_sin_cache, q+k one launch"
+    assert bench.moved_bytes(half, out_of_place) == half.nbytes
+    timed = {out_of_place: (2.0, "t"), "ours: hf.apply_rotary_pos_emb_inplace": (1.0, "t")}
+    copies = []
+    rows = {r["impl"]: r for r in bench._rows(timed, half, "forward", "rotary_percent", 1.0,
+                                              lambda n: copies.append(n) or n / 1e6)}
+    assert rows[out_of_place]["gbps"] == pytest.approx(half.nbytes / 2.0 / 1e6)
+    assert rows["ours: hf.apply_rotary_pos_emb_inplace"]["gbps"] == pytest.approx(
+        half.rotated_nbytes / 1.0 / 1e6)
+    assert copies == [half.nbytes, half.rotated_nbytes]
+    assert rows["ours: hf.apply_rotary_pos_emb_inplace"]["copy_same_gbps"] == (
+        half.rotated_nbytes / 1e6)

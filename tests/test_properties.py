@@ -230,6 +230,39 @@ def test_rope_2d_in_place_bshd_head_dim_128(dtype, heads, backward, seed):
 
 
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("whole_rows", [False, True])
+def test_rope_2d_in_place_leaves_the_channels_past_rotary_dim(fmt, interleaved, whole_rows, seed,
+                                                               monkeypatch):
+    """rope_2d(out=t) with 12 of 20 channels rotated: the plan is that of heads narrowed to
+    rotary_dim (PASS 0; the channels past it neither read nor written), the rotated channels
+    against the float64 reference, the rest bit for bit as they were; out of place the same call
+    copies them (PASS 8, or 4 words for interleaved pairs read as words)."""
+    r2 = importlib.import_module("rope_kernels.rope_2d")  # (the package exports the function)
+    monkeypatch.setattr(r2, "_PLANS", {})
+    shape = (14, 3, 20) if fmt == "thd" else (7, 2, 3, 20)
+    cu = torch.tensor([0, 5, 14], dtype=torch.int32, device=DEVICE) if fmt == "thd" else None
+    t = randn(shape, torch.float32, seed)
+    freqs = RotaryPositionEmbedding(12, device=DEVICE)(16)
+    ref = rope_reference(t.double(), freqs, fmt, None, interleaved, cu)
+    config = dict(whole_rows=whole_rows)
+    y = rope_2d(t, freqs, fmt, interleaved=interleaved, cu_seqlens=cu, config=config)
+    (plan,) = r2._PLANS.values()
+    words = plan.constexprs["PAIRS_AS_WORDS"]
+    assert plan.constexprs["PASS"] == (0 if whole_rows and not interleaved else 4 if words else 8)
+    assert_rope_close(y, ref, torch.float32, "out of place")
+    x = t.clone()
+    r2._PLANS.clear()
+    assert rope_2d(x, freqs, fmt, interleaved=interleaved, cu_seqlens=cu, config=config,
+                   out=x) is x
+    (plan,) = r2._PLANS.values()
+    assert plan.constexprs["PASS"] == 0
+    assert plan.constexprs["ROW"] == (16 if whole_rows and not interleaved else 0)
+    assert_rope_close(x[..., :12], ref[..., :12], torch.float32, "in place")
+    assert torch.equal(x[..., 12:], t[..., 12:])
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size", [1, 2])
 @pytest.mark.parametrize("rotary_dim", [12, 16])

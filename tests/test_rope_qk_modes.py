@@ -75,6 +75,53 @@ def test_cache(mode, is_neox, words, backward, seed):
                       torch.float32, "key")
 
 
+@pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
+def test_in_place_leaves_the_channels_past_rotary_dim(mode, call, seed):
+    """In place with part of the head rotated (12 of 20 channels), the plan is that of heads
+    narrowed to rotary_dim (PASS 0, head_dim 12: the channels past it are neither read nor
+    written, as vLLM's and FlashInfer's in-place kernels leave them): the rotated channels
+    against the float64 reference, the rest bit for bit as they were. Out of place the same call
+    copies them (PASS 8 channels, 4 words for pairs read as words; head_dim 20)."""
+    tokens, q_heads, k_heads, head_size, rotary_dim = 5, 5, 3, 20, 12
+    g = torch.Generator().manual_seed(seed)
+    if call.startswith("hf"):  # [1, h, s, d] views of [1, s, h, d] projections
+        pairs = call.split()[1]
+        q = randn((1, tokens, q_heads, head_size), torch.float32, seed).transpose(1, 2)
+        k = randn((1, tokens, k_heads, head_size), torch.float32, seed + 1).transpose(1, 2)
+        angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
+        emb = torch.cat((angles, angles), -1).to(DEVICE)
+        cos, sin = emb.cos(), emb.sin()
+        want = [hf_reference(x, cos, sin, pairs=pairs) for x in (q, k)]
+        rows = lambda x: x  # noqa: E731
+
+        def run(out_q=None, out_k=None):
+            rope_qk.rope_cos_sin(q, k, cos, sin, 1, pairs=pairs, q_out=out_q, k_out=out_k)
+    else:
+        neox = call.endswith("half-split")
+        positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
+        cache = make_cache(32, rotary_dim)
+        q = randn((tokens, q_heads * head_size), torch.float32, seed)
+        k = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
+        want = [cache_reference(positions, x, head_size, cache, neox) for x in (q, k)]
+        rows = lambda x: x.reshape(tokens, -1, head_size)  # noqa: E731
+
+        def run(out_q=None, out_k=None):
+            rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, neox,
+                                       query_out=out_q, key_out=out_k)
+    for in_place, passed, width in ((False, 8, head_size), (True, 0, rotary_dim)):
+        before = q.clone(), k.clone()
+        rope_qk._PLANS.clear()
+        run(q, k) if in_place else run()
+        (plan,) = rope_qk._PLANS.values()
+        words = plan.constexprs["INTERLEAVED"] == 2  # (pairs as words: PASS counts words)
+        assert plan.constexprs["PASS"] == passed // (2 if words else 1)
+        assert plan.scalars[7:9] == (rotary_dim, width)
+    for got, ref, old, name in zip((q, k), want, before, "qk"):
+        got, ref, old = rows(got), rows(ref), rows(old)
+        assert_rope_close(got[..., :rotary_dim], ref[..., :rotary_dim], torch.float32, name)
+        assert torch.equal(got[..., rotary_dim:], old[..., rotary_dim:]), name
+
+
 @pytest.mark.parametrize("backward", [False, True])
 def test_hf(mode, backward, seed):
     b, s, q_heads, k_heads, d, r = 2, 3, 5, 3, 20, 12
@@ -631,3 +678,16 @@ def test_hf_tables_whose_halves_differ(config, backward, seed, monkeypatch):
         # (backward: x is the output's gradient, the reference the input's)
         want = (_hf_backward_reference if backward else hf_reference)(x, cos, sin)
         assert_rope_close(out, want, torch.bfloat16, name)
+
+
+def test_hf_outputs_both_or_neither(seed):
+    """rope_cos_sin writes into q_out and k_out, both or neither: one of them alone is refused
+    before anything is written."""
+    q = randn((1, 2, 3, 8), torch.float32, seed)
+    k = randn((1, 1, 3, 8), torch.float32, seed + 1)
+    cos, sin = torch.ones(1, 3, 8, device=DEVICE), torch.zeros(1, 3, 8, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    for given in (dict(q_out=out), dict(k_out=torch.full_like(k, float("nan")))):
+        with pytest.raises(ValueError, match="both or neither"):
+            rope_qk.rope_cos_sin(q, k, cos, sin, **given)
+    assert out.isnan().all()
