@@ -176,11 +176,13 @@ def test_first_target_is_the_recorded_run():
     want += (f"At the {len(mine)} points of 1 GB or more",)
     if len(short):
         want += (f"all but {len(short)} reach 0.95",)
-        # (only ever Hugging Face's calls with part of the head rotated: the out-of-place ones,
-        # results transposed, before 4ee8d07; the in-place one, on the general tile, since)
+        # (only ever calls with part of the head rotated: Hugging Face's out-of-place ones,
+        # results transposed, before 4ee8d07; its in-place one, on the general tile, at 3e83322;
+        # since 7d56e6f the in-place calls, which move only the rotated half of each row)
         assert set(short.impl) <= {"ours: hf.apply_rotary_pos_emb, q+k one launch",
                                    "ours: hf.apply_rotary_pos_emb_glm, q+k one launch",
-                                   "ours: hf.apply_rotary_pos_emb_inplace"}
+                                   "ours: hf.apply_rotary_pos_emb_inplace",
+                                   "ours: cos_sin_cache in place"}
         assert (short.rotary_dim < short.head_dim).all()
         want += (" / ".join(f"{v:.3f}" for v in sorted(short.gbps / short.copy_gbps)),)
     else:
