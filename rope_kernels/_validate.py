@@ -415,3 +415,24 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs) -> None:
                          f"rope_kernels.hf.apply_rotary_pos_emb_glm")
     for name, x in (("k", k), ("cos", cos), ("sin", sin)):
         _same_device(name, x, q.device)
+
+
+def validate_in_place(function: str, differentiable: str, **tensors) -> None:
+    """What an in-place function refuses beyond its out-of-place twin's checks, for the two
+    tensors it writes into (given by argument name, e.g. ``query=..., key=...``): tensors that
+    need a gradient (autograd would lose the values the backward needs), one tensor given for
+    both, and a tensor whose elements share memory (a stride of 0, as from ``expand()``: several
+    programs would write one element). ``differentiable``: the out-of-place twin to name."""
+    (a, x), (b, y) = tensors.items()
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+        raise ValueError(f"{function} cannot rotate {a} and {b} that require grad (autograd would "
+                         f"lose the values it needs): use {differentiable}, which is "
+                         f"differentiable, or call it under torch.no_grad()")
+    if x is y:
+        raise ValueError(f"{function} needs {a} and {b} to be different tensors, got one tensor "
+                         f"for both")
+    for name, t in tensors.items():
+        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+            raise ValueError(f"{function} writes into {name}, whose elements share memory (a "
+                             f"stride of 0, as from expand()): got shape {tuple(t.shape)}, "
+                             f"strides {t.stride()}; pass {name}.contiguous()")

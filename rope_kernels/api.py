@@ -35,7 +35,8 @@ import torch
 
 from . import _launch, _ops
 from . import rope_qk as _qk
-from ._validate import validate_cos_sin_cache_args, validate_qkv_args, validate_rope_args
+from ._validate import (validate_cos_sin_cache_args, validate_in_place, validate_qkv_args,
+                        validate_rope_args)
 from .reference import rope_reference
 from .rope_1d import rope_1d
 from .rope_2d import rope_2d
@@ -464,7 +465,9 @@ def apply_rope_with_cos_sin_cache_inplace(
     """``apply_rope_with_cos_sin_cache`` writing into ``query`` and ``key`` (FlashInfer's
     in-place variant, what vLLM calls): one launch, no allocation, not differentiable. Channels
     past ``rotary_dim`` are neither read nor written, as FlashInfer's and vLLM's kernels leave
-    them."""
+    them. Raises ValueError for query or key that need a gradient (use
+    ``apply_rope_with_cos_sin_cache``), for one tensor given as both, and for a query or key
+    whose elements share memory (a stride of 0); views of one packed qkv buffer are fine."""
     sig, entry = _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
                                  validate, True)
     if entry:
@@ -473,10 +476,8 @@ def apply_rope_with_cos_sin_cache_inplace(
     compiling = torch.compiler.is_compiling()
     validate_cos_sin_cache_args(positions, query, key, head_size, cos_sin_cache, is_neox,
                                 check_values=_check_values(validate, query, compiling))
-    if _needs_grad(query, key):
-        raise ValueError("apply_rope_with_cos_sin_cache_inplace cannot rotate tensors that "
-                         "require grad (autograd would lose the values it needs): use "
-                         "apply_rope_with_cos_sin_cache, which is differentiable")
+    validate_in_place("apply_rope_with_cos_sin_cache_inplace", "apply_rope_with_cos_sin_cache",
+                      query=query, key=key)
     if compiling:
         _ops.rope_cos_sin_cache_(positions, query, key, head_size, cos_sin_cache, is_neox)
         return

@@ -7,8 +7,9 @@ RoPE is memory-bound, so speed is reported as achieved bandwidth against what th
 the fewest bytes any implementation must move (the same count for every implementation, so the
 numbers compare times), but for the in-place calls with part of the head rotated
 (``ROTATED_CHANNELS_ONLY``): they leave the other channels where they are, and count only the
-rotated ones (``moved_bytes``; compare their times, ``ms``, with the other calls'). The ceiling is the device-to-device copy bandwidth measured first, in the
-same run, counting bytes read plus bytes written (2 GB copied). Times are medians of
+rotated ones (``moved_bytes``; compare their times, ``ms``, with the other calls'). The ceiling
+is the device-to-device copy bandwidth measured first, in the same run, counting bytes read plus
+bytes written (2 GB copied). Times are medians of
 ``triton.testing.do_bench`` (which clears L2 before every call) on tensors larger than L2; decode-
 sized calls are timed back to back with CUDA events instead, so Python launch cost is included.
 
@@ -37,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import warnings
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 import torch
 import triton
@@ -783,12 +784,17 @@ def _applicable(impls: dict, problem: Problem, direction: str):
             yield name, fn
 
 
+# A copy of the bytes moved: one number for every call of a problem, or a function of the bytes
+# a call moves (``moved_bytes``), or None where not measured.
+CopySame = Union[float, Callable[[int], float], None]
+
+
 def _failed(name: str, problem: Problem, e: Exception) -> None:
     warnings.warn(f"{name} failed on {problem.row()}: {type(e).__name__}: {e}")
 
 
 def measure(impls: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
-            copy_same_gbps=None) -> list[dict]:
+            copy_same_gbps: CopySame = None) -> list[dict]:
     """One row per implementation that applies, timed with ``time_ms`` (decode-sized problems:
     ``measure_decode``)."""
     timed = {}
@@ -848,7 +854,7 @@ def moved_bytes(problem: Problem, impl: str) -> int:
 
 
 def _rows(timed: dict, problem: Problem, direction: str, sweep: str, copy_gbps: float,
-          copy_same_gbps=None) -> list[dict]:
+          copy_same_gbps: CopySame = None) -> list[dict]:
     """Benchmark rows from {implementation: (ms, how it was timed)}. ``copy_same_gbps``: the
     copy of the bytes moved, a number (every call moves ``problem.nbytes``) or a function of
     the bytes (``moved_bytes``)."""
@@ -982,18 +988,18 @@ def run(mode: str = "quick", out: pathlib.Path = FIGURES, formats: Iterable[str]
         del problems, group
         torch.cuda.empty_cache()
     copy_same = {}
+
+    def copy_of(moved: int) -> float:  # one copy measured per size moved, for the run
+        if moved not in copy_same:
+            copy_same[moved] = copy_same_bytes_gbps(moved)
+        return copy_same[moved]
+
     bar = tqdm(jobs, desc="rope bench", disable=not progress) if tqdm else jobs
     for sweep, kw, fmt, dtype, _ in bar:
         if budget_s is not None and time.time() - started > budget_s:
             skipped += 1
             continue
         p = make_problem(fmt, dtype, kw)
-
-        def copy_of(moved: int) -> float:  # one copy measured per size moved, for the run
-            if moved not in copy_same:
-                copy_same[moved] = copy_same_bytes_gbps(moved)
-            return copy_same[moved]
-
         copy_of(p.nbytes)
         for direction in ("forward", "backward"):
             rows += measure(impls[_entry(fmt)], p, direction, sweep, copy_gbps,

@@ -37,7 +37,7 @@ import torch
 from . import _ops
 from . import api as _api
 from . import rope_qk as _qk
-from ._validate import validate_hf_args
+from ._validate import validate_hf_args, validate_in_place
 
 __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved",
            "apply_rotary_pos_emb_inplace", "apply_rotary_pos_emb_glm_inplace",
@@ -131,19 +131,13 @@ def apply_rotary_pos_emb_glm_inplace(q: torch.Tensor, k: torch.Tensor, cos: torc
     return _apply(q, k, cos, sin, unsqueeze_dim, "glm", True)
 
 
-def _check_in_place(q, k, name):
-    """What an in-place call refuses beyond the out-of-place one's checks."""
-    if _api._needs_grad(q, k):
-        raise ValueError(f"{name} cannot rotate q and k that require grad (autograd would lose the "
-                         f"values it needs): use {name[:-len('_inplace')]}, which is "
-                         f"differentiable, or call it under torch.no_grad()")
-    if k is q:
-        raise ValueError(f"{name} needs q and k to be different tensors, got one tensor for both")
-    for arg, x in (("q", q), ("k", k)):
-        if any(st == 0 and n > 1 for n, st in zip(x.shape, x.stride())):
-            raise ValueError(f"{name} writes into {arg}, whose elements share memory (a stride of "
-                             f"0, as from expand()): got shape {tuple(x.shape)}, strides "
-                             f"{x.stride()}; pass {arg}.contiguous()")
+def _launch_entry(entry, q, k, cos, sin, in_place):
+    """A shortcut's launch: (q, k) rotated where they lie, or the new (q_embed, k_embed)."""
+    if in_place:
+        entry((q, k, cos, sin))
+        return q, k
+    q_embed, k_embed = entry((q, k, cos, sin))
+    return q_embed, k_embed
 
 
 def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
@@ -162,22 +156,14 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
         flags = ("hf", unsqueeze_dim, pairs, pairs != "half" and _qk._aligned(q, k), in_place)
         for known, check, entry in shortcuts.recent:  # (see rope_kernels.api._Shortcuts)
             if known == flags and check(q, k, cos, sin):
-                if in_place:
-                    entry((q, k, cos, sin))
-                    return q, k
-                q_embed, k_embed = entry((q, k, cos, sin))
-                return q_embed, k_embed
+                return _launch_entry(entry, q, k, cos, sin, in_place)
         sig = (flags, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
                k.device, cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(),
                sin.dtype, sin.device)
         entry = shortcuts.entries.get(sig)
         if entry:
             shortcuts.remember(flags, (q, k, cos, sin), entry)
-            if in_place:
-                entry((q, k, cos, sin))
-                return q, k
-            q_embed, k_embed = entry((q, k, cos, sin))
-            return q_embed, k_embed
+            return _launch_entry(entry, q, k, cos, sin, in_place)
         if entry is False:  # its full path is not one launch
             sig = None
     validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs)
@@ -186,7 +172,8 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
                          "pass cos.detach() and sin.detach() (transformers' rotary module "
                          "computes them from a buffer, without gradient)")
     if in_place:
-        _check_in_place(q, k, _IN_PLACE_NAMES[pairs])
+        name = _IN_PLACE_NAMES[pairs]
+        validate_in_place(name, name[:-len("_inplace")], q=q, k=k)
         if torch.compiler.is_compiling():
             _ops.rope_cos_sin_(q, k, cos, sin, unsqueeze_dim, pairs)
             return q, k

@@ -154,7 +154,31 @@ def test_devices_must_match():
         apply_rope_with_cos_sin_cache(**_args(cos_sin_cache=make_cache(8, 16).cpu()))
 
 
-def test_in_place_refuses_tensors_that_need_grad():
-    with pytest.raises(ValueError, match="cannot rotate tensors that require grad"):
-        apply_rope_with_cos_sin_cache_inplace(**_args(query=randn((3, 64), torch.float32, 1)
-                                                      .requires_grad_(True)))
+def test_in_place_refuses_what_it_cannot_do():
+    """Clear errors naming the function, the argument and what to do instead: query or key that
+    need a gradient (fine under no_grad), one tensor for both, a query whose rows share memory
+    (an expanded row: every token's programs would write the same elements). Nothing is written
+    by a refused call; query and key as views of one packed qkv buffer are accepted."""
+    args = _args()
+    query, key = args["query"], args["key"]
+    before = query.clone(), key.clone()
+    name = "apply_rope_with_cos_sin_cache_inplace"
+    with pytest.raises(ValueError, match=rf"{name} cannot rotate query and key that require "
+                                         r"grad.*use apply_rope_with_cos_sin_cache, which"):
+        apply_rope_with_cos_sin_cache_inplace(**_args(key=key.clone().requires_grad_(True)))
+    with torch.no_grad():
+        apply_rope_with_cos_sin_cache_inplace(**_args(query=query.clone().requires_grad_(True)))
+    with pytest.raises(ValueError, match=rf"{name} needs query and key to be different tensors"):
+        apply_rope_with_cos_sin_cache_inplace(**_args(query=query, key=query))
+    shared = randn((1, 4 * 16), torch.float32, 3).expand(3, -1)
+    with pytest.raises(ValueError, match=r"writes into query, whose elements share memory.*"
+                                         r"strides \(0, 1\)"):
+        apply_rope_with_cos_sin_cache_inplace(**_args(query=shared))
+    assert torch.equal(query, before[0]) and torch.equal(key, before[1])
+    # One packed [num_tokens, (4 + 2 + 2) heads x 16] buffer: q and k are its first 6 heads.
+    qkv = randn((3, 8 * 16), torch.float32, 4)
+    expected = apply_rope_with_cos_sin_cache(**_args(query=qkv[:, :64], key=qkv[:, 64:96]))
+    v = qkv[:, 96:].clone()
+    apply_rope_with_cos_sin_cache_inplace(**_args(query=qkv[:, :64], key=qkv[:, 64:96]))
+    assert torch.equal(qkv[:, :64], expected[0]) and torch.equal(qkv[:, 64:96], expected[1])
+    assert torch.equal(qkv[:, 96:], v)
