@@ -677,6 +677,10 @@ TRANSPOSED_TOKEN_BLOCKS_FASTEST = True
 # tokens x 8 heads on 2 warps (4 x 4 with 1-3 k heads); part of it, tiles of their own for GLM's
 # call and for 1-3 k heads (see default_config).
 WORDS_128B_HF_TILES = True
+# In-place calls with part of the head rotated, in float32: whole rows on tiles of their own
+# (``narrowed`` in default_config; scripts/qk_in_place_narrow_tiles.py compares them with the
+# tiles before, which this flag turned off gives).
+NARROWED_ROWS = True
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -699,7 +703,7 @@ def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, interleaved: bool = False, angles: int = 0,
                    rotary_dim: Optional[int] = None, in_place: bool = False,
-                   transposed: bool = False, words: bool = False) -> dict:
+                   transposed: bool = False, words: bool = False, narrowed: bool = False) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
@@ -787,6 +791,17 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     fp32 32q/32k 0.947/0.948 -> 0.976/0.976, fp32 batch 1 +0.3/+0.3 points; bf16 32q/8k already
     ran it.
 
+    ``narrowed``: an in-place call with part of the head rotated, planned on heads narrowed to
+    ``rotary_dim`` (``head_dim`` here is ``rotary_dim``; the rows are runs of the rotated
+    channels, the rest of each head skipped). In float32 with half-split pairs and 8 q and k
+    heads or more, on a GPU: whole rows, 1 token x 8 heads on 2 warps for 256 B rows (64
+    channels), 2 x 8 for 128 B rows (32). From scripts/qk_in_place_narrow_tiles.py (H200,
+    recorded in figures/qk_in_place_narrow_tiles_h200.json): against the tiles the other rules
+    give these heads (Hugging Face's 1 x 16, the cache's 1 x 8, or the all-heads programs at 128
+    B rows) and a streaming kernel that reads and writes the same runs in place. In 16-bit the
+    rules below stay: the same tiles were mixed there (the cache's 128 B rows lost 11 points of
+    copy with whole rows, Hugging Face's gained 1).
+
     ``loads_first``: one program per token with all of q in one block and all of k in another,
     issuing both tiles' loads before any store (as Liger's kernel does). Taken where a token's q
     fits 4 KB, k does not fill 2 KB and the whole head is rotated, for the cos/sin cache with
@@ -799,6 +814,10 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     head_dim 64 the cache's all-heads program is 1 point ahead of it."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if (NARROWED_ROWS and on_gpu and narrowed and not interleaved and element_size == 4
+            and min(q_heads, k_heads) >= 8 and width in (32, 64)):
+        return dict(block_s=1 if width == 64 else 2, block_h=8, num_warps=2, all_heads=False,
+                    whole_rows=True)
     if words:
         # Interleaved pairs read as one word each load like half-split ones. At head_dim 65-128
         # on a GPU: one token's 8 heads a program, a warp per KB of them (2 warps in 16-bit, 4
@@ -978,7 +997,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     where they are, neither read nor written, as vLLM's and FlashInfer's in-place kernels leave
     them: the plan is that of heads narrowed to ``rotary_dim`` (same strides, so the same memory),
     all of it rotated."""
-    if in_place and rotary_dim < q[0][4]:
+    narrowed = in_place and rotary_dim < q[0][4]
+    if narrowed:
         q, k = [((*sizes[:4], rotary_dim), *strides) for sizes, *strides in (q, k)]
     (seq_len, batch, qg, qu, head_dim), q_in, q_out = q
     (_, _, kg, ku, _), k_in, k_out = k
@@ -996,7 +1016,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     transposed = (seq_len > 1 and q_heads > 1
                   and (abs(q_in[0]) < abs(q_in[2])) != (abs(q_out[0]) < abs(q_out[2])))
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         angles, rotary_dim, in_place, transposed, words)
+                         angles, rotary_dim, in_place, transposed, words, narrowed)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # Programs of one head block index every part by the same block size; programs of all

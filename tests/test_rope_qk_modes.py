@@ -350,6 +350,83 @@ def test_default_config_of_pairs_as_words():
                         == rope_qk.default_config(*args, False, *rest)), (args, rest)
 
 
+def test_default_config_of_narrowed_heads(monkeypatch):
+    """In place with part of the head rotated, float32, half-split pairs, 8 q and k heads or more,
+    on a GPU: whole rows, 1 token x 8 heads on 2 warps for rows of 64 channels (256 B), 2 x 8 for
+    32 (scripts/qk_in_place_narrow_tiles.py). 16-bit, interleaved pairs, fewer heads, other row
+    widths, whole heads in place, the interpreter and the flag turned off keep the other rules."""
+    cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
+
+    def config(q_heads=32, k_heads=8, width=64, esize=4, on_gpu=True, interleaved=False,
+               angles=cache, narrowed=True):
+        return rope_qk.default_config(4096, q_heads, k_heads, width, esize, on_gpu, interleaved,
+                                      angles, width, True, narrowed=narrowed)
+
+    for angles in (cache, hf_tables):
+        for k_heads in (8, 32):
+            assert config(k_heads=k_heads, angles=angles) == dict(
+                block_s=1, block_h=8, num_warps=2, all_heads=False, whole_rows=True)
+            assert config(k_heads=k_heads, width=32, angles=angles) == dict(
+                block_s=2, block_h=8, num_warps=2, all_heads=False, whole_rows=True)
+        rule = config(angles=angles)
+        for other in (dict(esize=2), dict(interleaved=True), dict(k_heads=4), dict(q_heads=4),
+                      dict(width=128), dict(width=16), dict(on_gpu=False), dict(narrowed=False)):
+            assert config(**{"angles": angles, **other}) != rule, other
+        monkeypatch.setattr(rope_qk, "NARROWED_ROWS", False)
+        assert config(angles=angles) != rule
+        monkeypatch.setattr(rope_qk, "NARROWED_ROWS", True)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("call", ["cache", "hf"])
+def test_in_place_narrowed_heads_default_plan(call, rotary_dim, seed):
+    """The default plan of an in-place float32 call with part of the head rotated at 8 q and k
+    heads of 128 (on a GPU: whole rows on the narrowed rule's tile): the rotated channels against
+    float64, the rest bit for bit as they were, and the same values as the out-of-place call."""
+    tokens, heads, head_size = 3, 8, 128
+    g = torch.Generator().manual_seed(seed)
+    rope_qk._PLANS.clear()
+    if call == "hf":
+        q = randn((1, tokens, heads, head_size), torch.float32, seed).transpose(1, 2)
+        k = randn((1, tokens, heads, head_size), torch.float32, seed + 1).transpose(1, 2)
+        angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
+        emb = torch.cat((angles, angles), -1).to(DEVICE)
+        cos, sin = emb.cos(), emb.sin()
+        want = [hf_reference(x, cos, sin) for x in (q, k)]
+        outside = rope_qk.rope_cos_sin(q, k, cos, sin, 1)
+        rows = lambda x: x  # noqa: E731
+
+        def run():
+            rope_qk.rope_cos_sin(q, k, cos, sin, 1, q_out=q, k_out=k)
+    else:
+        positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
+        cache = make_cache(32, rotary_dim)
+        q = randn((tokens, heads * head_size), torch.float32, seed)
+        k = randn((tokens, heads * head_size), torch.float32, seed + 1)
+        want = [cache_reference(positions, x, head_size, cache, True) for x in (q, k)]
+        outside = rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, True)
+        rows = lambda x: x.reshape(tokens, -1, head_size)  # noqa: E731
+
+        def run():
+            rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, True, query_out=q,
+                                       key_out=k)
+    before = q.clone(), k.clone()
+    rope_qk._PLANS.clear()
+    run()
+    (plan,) = rope_qk._PLANS.values()
+    on_gpu = q.is_cuda
+    assert plan.scalars[7:9] == (rotary_dim, rotary_dim) and plan.constexprs["PASS"] == 0
+    assert plan.constexprs["ROW"] == (rotary_dim if on_gpu else 0)
+    if on_gpu:
+        assert (plan.constexprs["BLOCK_S"], plan.constexprs["BLOCK_H"], plan.num_warps) == (
+            1 if rotary_dim == 64 else 2, 8, 2)
+    for got, ref, old, out, name in zip((q, k), want, before, outside, "qk"):
+        got, ref, old, out = rows(got), rows(ref), rows(old), rows(out)
+        assert_rope_close(got[..., :rotary_dim], ref[..., :rotary_dim], torch.float32, name)
+        assert torch.equal(got[..., rotary_dim:], old[..., rotary_dim:]), name
+        torch.testing.assert_close(got, out, rtol=2e-7, atol=2e-7)
+
+
 def test_default_config_of_words_in_128_byte_rows(monkeypatch):
     """Cohere's and GLM's calls (Hugging Face's tables, pairs read as words) at head_dim 64 in
     16-bit on a GPU (``WORDS_128B_HF_TILES``). The whole head rotated: loads first where q fills 4
