@@ -795,12 +795,17 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     ``rotary_dim`` (``head_dim`` here is ``rotary_dim``; the rows are runs of the rotated
     channels, the rest of each head skipped). In float32 with half-split pairs and 8 q and k
     heads or more, on a GPU: whole rows, 1 token x 8 heads on 2 warps for 256 B rows (64
-    channels), 2 x 8 for 128 B rows (32). From scripts/qk_in_place_narrow_tiles.py (H200,
-    recorded in figures/qk_in_place_narrow_tiles_h200.json): against the tiles the other rules
-    give these heads (Hugging Face's 1 x 16, the cache's 1 x 8, or the all-heads programs at 128
-    B rows) and a streaming kernel that reads and writes the same runs in place. In 16-bit the
-    rules below stay: the same tiles were mixed there (the cache's 128 B rows lost 11 points of
-    copy with whole rows, Hugging Face's gained 1).
+    channels), 2 x 8 for 128 B rows (32). Against the tiles the other rules give these heads
+    (Hugging Face's 1 x 16, the cache's 1 x 8, the all-heads programs at 128 B rows), fraction
+    of copy counting the bytes moved (scripts/qk_in_place_narrow_tiles.py,
+    figures/qk_in_place_narrow_tiles_h200.json: H200, 5 shuffled rounds, 16 x 4096 tokens, 32 q /
+    8 k heads of 128 unless said, Hugging Face's call / the cache's): half rotated 0.933 / 0.942
+    -> 0.953 / 0.955 forward, 0.935 / 0.941 -> 0.953 / 0.954 backward, 32 k heads 0.933 / 0.946
+    -> 0.958 / 0.958, a quarter rotated 0.805 / 0.818 -> 0.830 / 0.830, heads of 64 0.838 / 0.854
+    -> 0.875 / 0.879; 0.972-0.996 of a kernel that only reads and writes the same runs in place.
+    On an H100 (..._h100.json) +0.0% to +2.1%. In 16-bit the rules below stay: in a probe of the
+    same tiles (H200, 3 rounds) the cache's 128 B rows lost 11 points of copy with whole rows,
+    Hugging Face's gained 1, and at heads of 256 the two calls' best tiles differed.
 
     ``loads_first``: one program per token with all of q in one block and all of k in another,
     issuing both tiles' loads before any store (as Liger's kernel does). Taken where a token's q
