@@ -417,6 +417,12 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs) -> None:
         _same_device(name, x, q.device)
 
 
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd would record a call on ``tensors`` (one of them requires grad and grad
+    mode is on)."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
 def validate_in_place(function: str, differentiable: str, **tensors) -> None:
     """What an in-place function refuses beyond its out-of-place twin's checks, for the two
     tensors it writes into (given by argument name, e.g. ``query=..., key=...``): tensors that
@@ -424,7 +430,7 @@ def validate_in_place(function: str, differentiable: str, **tensors) -> None:
     both, and a tensor whose elements share memory (a stride of 0, as from ``expand()``: several
     programs would write one element). ``differentiable``: the out-of-place twin to name."""
     (a, x), (b, y) = tensors.items()
-    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+    if needs_grad(x, y):
         raise ValueError(f"{function} cannot rotate {a} and {b} that require grad (autograd would "
                          f"lose the values it needs): use {differentiable}, which is "
                          f"differentiable, or call it under torch.no_grad()")

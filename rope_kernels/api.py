@@ -35,6 +35,7 @@ import torch
 
 from . import _launch, _ops
 from . import rope_qk as _qk
+from ._validate import needs_grad as _needs_grad
 from ._validate import (validate_cos_sin_cache_args, validate_in_place, validate_qkv_args,
                         validate_rope_args)
 from .reference import rope_reference
@@ -247,7 +248,7 @@ def apply_rotary_pos_emb(
     if compiling:  # one opaque operator in the graph, its backward registered with it
         return _ops.rope(t, freqs, tensor_format, start_positions, interleaved, cu_seqlens,
                          cp_size, cp_rank, kernel, False)
-    if t.requires_grad and torch.is_grad_enabled():
+    if _needs_grad(t):
         return RoPEFunction.apply(t, freqs, tensor_format, start_positions, interleaved,
                                   cu_seqlens, cp_size, cp_rank, launcher)
 
@@ -267,13 +268,9 @@ def _check_values(validate: bool, t: torch.Tensor, compiling: bool) -> bool:
 
 
 def _no_grad_for(name: str, x: torch.Tensor, what: str, instead: str) -> None:
-    if x.requires_grad and torch.is_grad_enabled():
+    if _needs_grad(x):
         raise ValueError(f"{name} requires grad, but the fused kernels give no gradient for "
                          f"{what}: pass {name}.detach(), or {instead}")
-
-
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
 
 
 def apply_fused_qkv_rotary_pos_emb(

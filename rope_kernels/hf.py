@@ -167,7 +167,7 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
         if entry is False:  # its full path is not one launch
             sig = None
     validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs)
-    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+    if _api._needs_grad(cos, sin):
         raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
                          "pass cos.detach() and sin.detach() (transformers' rotary module "
                          "computes them from a buffer, without gradient)")
