@@ -75,6 +75,39 @@ def test_cache(mode, is_neox, words, backward, seed):
                       torch.float32, "key")
 
 
+def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
+    """float32 q and k of one q+k call, rotary_dim of head_size channels rotated: "cache
+    half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf half", "hf glm"
+    (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections). Returns q, k, their float64
+    references, ``rows`` (a view with heads and channels last) and ``run(q_out=None,
+    k_out=None)``, the call writing into the outputs given (new ones if None), which returns
+    its results."""
+    g = torch.Generator().manual_seed(seed)
+    if call.startswith("hf"):
+        pairs = call.split()[1]
+        q = randn((1, tokens, q_heads, head_size), torch.float32, seed).transpose(1, 2)
+        k = randn((1, tokens, k_heads, head_size), torch.float32, seed + 1).transpose(1, 2)
+        angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
+        emb = torch.cat((angles, angles), -1).to(DEVICE)
+        cos, sin = emb.cos(), emb.sin()
+        want = [hf_reference(x, cos, sin, pairs=pairs) for x in (q, k)]
+
+        def run(q_out=None, k_out=None):
+            return rope_qk.rope_cos_sin(q, k, cos, sin, 1, pairs=pairs, q_out=q_out, k_out=k_out)
+        return q, k, want, lambda x: x, run
+    neox = call.endswith("half-split")
+    positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
+    cache = make_cache(32, rotary_dim)
+    q = randn((tokens, q_heads * head_size), torch.float32, seed)
+    k = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
+    want = [cache_reference(positions, x, head_size, cache, neox) for x in (q, k)]
+
+    def run(q_out=None, k_out=None):
+        return rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, neox,
+                                          query_out=q_out, key_out=k_out)
+    return q, k, want, lambda x: x.reshape(tokens, -1, head_size), run
+
+
 @pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
 def test_in_place_leaves_the_channels_past_rotary_dim(mode, call, seed):
     """In place with part of the head rotated (12 of 20 channels), the plan is that of heads
@@ -83,31 +116,7 @@ def test_in_place_leaves_the_channels_past_rotary_dim(mode, call, seed):
     against the float64 reference, the rest bit for bit as they were. Out of place the same call
     copies them (PASS 8 channels, 4 words for pairs read as words; head_dim 20)."""
     tokens, q_heads, k_heads, head_size, rotary_dim = 5, 5, 3, 20, 12
-    g = torch.Generator().manual_seed(seed)
-    if call.startswith("hf"):  # [1, h, s, d] views of [1, s, h, d] projections
-        pairs = call.split()[1]
-        q = randn((1, tokens, q_heads, head_size), torch.float32, seed).transpose(1, 2)
-        k = randn((1, tokens, k_heads, head_size), torch.float32, seed + 1).transpose(1, 2)
-        angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
-        emb = torch.cat((angles, angles), -1).to(DEVICE)
-        cos, sin = emb.cos(), emb.sin()
-        want = [hf_reference(x, cos, sin, pairs=pairs) for x in (q, k)]
-        rows = lambda x: x  # noqa: E731
-
-        def run(out_q=None, out_k=None):
-            rope_qk.rope_cos_sin(q, k, cos, sin, 1, pairs=pairs, q_out=out_q, k_out=out_k)
-    else:
-        neox = call.endswith("half-split")
-        positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
-        cache = make_cache(32, rotary_dim)
-        q = randn((tokens, q_heads * head_size), torch.float32, seed)
-        k = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
-        want = [cache_reference(positions, x, head_size, cache, neox) for x in (q, k)]
-        rows = lambda x: x.reshape(tokens, -1, head_size)  # noqa: E731
-
-        def run(out_q=None, out_k=None):
-            rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, neox,
-                                       query_out=out_q, key_out=out_k)
+    q, k, want, rows, run = _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed)
     for in_place, passed, width in ((False, 8, head_size), (True, 0, rotary_dim)):
         before = q.clone(), k.clone()
         rope_qk._PLANS.clear()
@@ -378,41 +387,17 @@ def test_default_config_of_narrowed_heads(monkeypatch):
 
 
 @pytest.mark.parametrize("rotary_dim", [64, 32])
-@pytest.mark.parametrize("call", ["cache", "hf"])
+@pytest.mark.parametrize("call", ["cache half-split", "hf half"])
 def test_in_place_narrowed_heads_default_plan(call, rotary_dim, seed):
     """The default plan of an in-place float32 call with part of the head rotated at 8 q and k
     heads of 128 (on a GPU: whole rows on the narrowed rule's tile): the rotated channels against
     float64, the rest bit for bit as they were, and the same values as the out-of-place call."""
-    tokens, heads, head_size = 3, 8, 128
-    g = torch.Generator().manual_seed(seed)
+    q, k, want, rows, run = _q_k_call(call, 3, 8, 8, 128, rotary_dim, seed)
     rope_qk._PLANS.clear()
-    if call == "hf":
-        q = randn((1, tokens, heads, head_size), torch.float32, seed).transpose(1, 2)
-        k = randn((1, tokens, heads, head_size), torch.float32, seed + 1).transpose(1, 2)
-        angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
-        emb = torch.cat((angles, angles), -1).to(DEVICE)
-        cos, sin = emb.cos(), emb.sin()
-        want = [hf_reference(x, cos, sin) for x in (q, k)]
-        outside = rope_qk.rope_cos_sin(q, k, cos, sin, 1)
-        rows = lambda x: x  # noqa: E731
-
-        def run():
-            rope_qk.rope_cos_sin(q, k, cos, sin, 1, q_out=q, k_out=k)
-    else:
-        positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
-        cache = make_cache(32, rotary_dim)
-        q = randn((tokens, heads * head_size), torch.float32, seed)
-        k = randn((tokens, heads * head_size), torch.float32, seed + 1)
-        want = [cache_reference(positions, x, head_size, cache, True) for x in (q, k)]
-        outside = rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, True)
-        rows = lambda x: x.reshape(tokens, -1, head_size)  # noqa: E731
-
-        def run():
-            rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, True, query_out=q,
-                                       key_out=k)
+    outside = run()
     before = q.clone(), k.clone()
     rope_qk._PLANS.clear()
-    run()
+    run(q, k)
     (plan,) = rope_qk._PLANS.values()
     on_gpu = q.is_cuda
     assert plan.scalars[7:9] == (rotary_dim, rotary_dim) and plan.constexprs["PASS"] == 0
