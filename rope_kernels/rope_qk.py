@@ -497,6 +497,7 @@ def rope_qk_kernel(
     SAME_TABLE: tl.constexpr,  # q and k read the same angle table (their cos/sin computed once)
     B_OUTER: tl.constexpr,  # batch elements are the outer axis in memory (bshd, HF's views)
     TOKEN_BLOCKS_FASTEST: tl.constexpr,  # program order: token blocks, head blocks, batch
+    PARTS_OUTER: tl.constexpr,  # program order: all of q's programs, then k's, then v's
     HAS_POSITIONS: tl.constexpr,  # positions[s, b] give the table row (else s, + start)
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
@@ -521,6 +522,8 @@ def rope_qk_kernel(
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
     # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
+    # With PARTS_OUTER all of q's programs come first, in that order, then all of k's (then v's):
+    # programs that run side by side then stream through one tensor rather than two.
     # With ALL_HEADS a program loops over the head blocks of every part itself. Where results are
     # transposed against the inputs (TOKEN_BLOCKS_FASTEST), token blocks go fastest instead:
     # programs that run side by side then write neighbouring tokens of the same heads.
@@ -541,6 +544,19 @@ def rope_qk_kernel(
         if ALL_HEADS:
             pid_h = 0
             rest = pid
+        elif PARTS_OUTER:
+            q_programs = q_blocks * s_blocks * batch
+            k_programs = k_blocks * s_blocks * batch
+            if pid < q_programs:
+                pid_h = pid % q_blocks
+                rest = pid // q_blocks
+            elif pid < q_programs + k_programs:
+                pid_h = q_blocks + (pid - q_programs) % k_blocks
+                rest = (pid - q_programs) // k_blocks
+            else:  # v's programs (the package plans none: see _parts_outer)
+                v_blocks = part_blocks - q_blocks - k_blocks
+                pid_h = q_blocks + k_blocks + (pid - q_programs - k_programs) % v_blocks
+                rest = (pid - q_programs - k_programs) // v_blocks
         else:
             pid_h = pid % part_blocks
             rest = pid // part_blocks
@@ -681,6 +697,28 @@ WORDS_128B_HF_TILES = True
 # (``narrowed`` in default_config; scripts/qk_in_place_narrow_tiles.py compares them with the
 # tiles before, which this flag turned off gives).
 NARROWED_ROWS = True
+# Programs of one head block over q and k whose heads fill the blocks: all of q's programs first,
+# then all of k's, rather than each token's head blocks of q and k side by side. The programs
+# running at one time then read and write two streams of memory instead of four
+# (scripts/qk_size_scan.py: a Triton copy of q and k in one launch, 0.964 -> 0.968 of copy at 672
+# MB in bf16). scripts/qk_parts_outer.py, figures/qk_parts_outer_h200.json (H200, 3 shuffled
+# rounds, every q+k call of the benchmark where the rule applies, 256 MB or more, time before /
+# time after): the cos/sin cache 0.997-1.012 (median 1.005) out of place, 1.000-1.022 (1.007) in
+# place (bf16 32q/8k at 672 MB 0.944 -> 0.956 of copy in place), Hugging Face's calls 0.998-1.012,
+# Cohere's and GLM's 1.000-1.007. Every plan of one head block in that order
+# (figures/qk_parts_outer_every_plan_h200.json): where k's heads fill half a block (Hugging Face's
+# 4 KB blocks at 32q/8k and 64q/8k, the cache in place at fp32 16q/4k) 0.958-1.019 (median 0.981),
+# fused QKV, whose q, k and v of a token are neighbours in memory, 0.993-1.000 forward and
+# 0.968-0.979 backward: those keep the order before (``_parts_outer``).
+PARTS_OUTER = True
+
+
+def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,
+                 k_heads: int, block_h: int) -> bool:
+    """Whether a plan orders its programs by part (``PARTS_OUTER``): programs of one head block,
+    in memory order of the tokens, over q and k (no v) whose heads fill their blocks."""
+    return (PARTS_OUTER and not all_heads and not token_blocks_fastest and not has_v
+            and q_heads % block_h == 0 and k_heads % block_h == 0)
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -1056,6 +1094,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         SAME_TABLE=bool(same_table),
         B_OUTER=abs(q_in[1]) > abs(q_in[0]),
         TOKEN_BLOCKS_FASTEST=token_blocks_fastest,
+        PARTS_OUTER=_parts_outer(all_heads, token_blocks_fastest, v is not None, q_heads, k_heads,
+                                 block_h),
         HAS_POSITIONS=has_positions,
         HAS_START=has_start,
         USE_CP=cp_size > 1,
