@@ -651,13 +651,13 @@ def rope_qk_kernel(
         _rotate_tile(k_ptr, k_out_ptr, 0.0, 0.0, 0.0, 0.0, k_table_ptr, sin_ptr, t_row,
                      s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads, k_sub, rotary_dim,
                      head_dim, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
-                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS,
+                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_HK, HALF, PASS,
                      ROW)
     else:
         if HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
                        v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
-                       INT64, BLOCK_H, V_WIDTH)
+                       INT64, BLOCK_HK, V_WIDTH)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,11 +714,12 @@ PARTS_OUTER = True
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,
-                 k_heads: int, block_h: int) -> bool:
-    """Whether a plan orders its programs by part (``PARTS_OUTER``): programs of one head block,
-    in memory order of the tokens, over q and k (no v) whose heads fill their blocks."""
+                 k_heads: int, block_h: int, block_hk: int) -> bool:
+    """Whether a plan orders its programs by part (``PARTS_OUTER``): programs of one head block
+    (``block_h`` heads of q, ``block_hk`` of k), in memory order of the tokens, over q and k (no
+    v) whose heads fill their blocks."""
     return (PARTS_OUTER and not all_heads and not token_blocks_fastest and not has_v
-            and q_heads % block_h == 0 and k_heads % block_h == 0)
+            and q_heads % block_h == 0 and k_heads % block_hk == 0)
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -1064,7 +1065,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     all_heads = bool(cfg.get("all_heads", False))
     # Programs of one head block index every part by the same block size; programs of all
     # heads may size k's (and v's) blocks to k.
-    block_hk = cfg.get("block_hk", block_h) if all_heads else block_h
+    block_hk = cfg.get("block_hk", block_h)
     q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_hk)
     v_heads = v[0][2] if v is not None else 0
     v_dim = v[0][4] if v is not None else 0
@@ -1095,7 +1096,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         B_OUTER=abs(q_in[1]) > abs(q_in[0]),
         TOKEN_BLOCKS_FASTEST=token_blocks_fastest,
         PARTS_OUTER=_parts_outer(all_heads, token_blocks_fastest, v is not None, q_heads, k_heads,
-                                 block_h),
+                                 block_h, block_hk),
         HAS_POSITIONS=has_positions,
         HAS_START=has_start,
         USE_CP=cp_size > 1,

@@ -36,7 +36,7 @@ from qk_size_scan import forced  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 
 
-def every_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h):
+def every_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h, block_hk):
     """``--every-plan``: every plan of one head block in memory order ordered by part."""
     return not all_heads and not token_blocks_fastest
 
@@ -115,6 +115,10 @@ def main(argv=None):
     parser.add_argument("--hf-2kb", action="store_true",
                         help="also time Hugging Face's half-split calls that the rule leaves in "
                              "the order before on 2 KB head blocks ordered by part")
+    parser.add_argument("--hf-k-2kb", action="store_true",
+                        help="the same, but q's blocks kept and k's halved (2 KB)")
+    parser.add_argument("--candidates-only", action="store_true",
+                        help="time only the candidates of --hf-2kb or --hf-k-2kb")
     args = parser.parse_args(argv)
     if args.every_plan:
         rope_qk._parts_outer = every_plan
@@ -135,17 +139,26 @@ def main(argv=None):
             after, plan = planned(call, True)
             fns = {"before": before, "parts_outer": after}
             in_place = "in place" in name or "inplace" in name
+            if plan.constexprs["PARTS_OUTER"] and args.candidates_only:
+                continue
             if not plan.constexprs["PARTS_OUTER"]:
                 c = plan.constexprs
                 row_bytes = p.head_dim * p.q.element_size() if fmt == "qk" else 0
-                if not (args.hf_2kb and "hf.apply_rotary_pos_emb" in name and not p.interleaved
+                if not ((args.hf_2kb or args.hf_k_2kb) and "hf.apply_rotary_pos_emb" in name
+                        and not p.interleaved
                         and not c["ALL_HEADS"] and not c["TOKEN_BLOCKS_FASTEST"]
                         and c["BLOCK_H"] * row_bytes == 4096
                         and p.k_heads % (c["BLOCK_H"] // 2) == 0):
                     continue  # not the rule's (programs of all heads, token blocks fastest, ...)
-                fns = {"before": before, "hf_2kb_parts_outer": planned(
-                    call, True, dict(block_s=1, block_h=c["BLOCK_H"] // 2, num_warps=2,
-                                     all_heads=False))[0]}
+                if args.hf_k_2kb:  # q's 4 KB blocks, k's 2 KB
+                    fns = {"before": before, "hf_k_2kb_parts_outer": planned(
+                        call, True, dict(block_s=1, block_h=c["BLOCK_H"],
+                                         block_hk=c["BLOCK_H"] // 2, num_warps=2,
+                                         all_heads=False))[0]}
+                else:
+                    fns = {"before": before, "hf_2kb_parts_outer": planned(
+                        call, True, dict(block_s=1, block_h=c["BLOCK_H"] // 2, num_warps=2,
+                                         all_heads=False))[0]}
             # In place, both plans write the same tensors: no second result to compare.
             candidate = list(fns)[1]
             bits = None if in_place else same(before(), fns[candidate]())
@@ -159,14 +172,14 @@ def main(argv=None):
             print(f"{sweep:14s} {dtype} s{p.seq_len} b{p.batch} h{p.heads}"
                   f"/{getattr(p, 'k_heads', '-')} d{p.head_dim} r{p.rotary_dim}"
                   f"{' il' if p.interleaved else ''} {moved / 1e6:5.0f} MB {name[6:40]:34s} "
-                  f"{'(2 KB) ' if candidate != 'parts_outer' else ''}"
+                  f"{'' if candidate == 'parts_outer' else candidate + ' '}"
                   f"{direction[:3]}: {row['before']:.3f} -> {row[candidate]:.3f} "
                   f"({row['ratio']:.3f}){' BITS DIFFER' if bits is False else ''}", flush=True)
             if args.out:
                 args.out.write_text(json.dumps(record, indent=1) + "\n")
         del p
         torch.cuda.empty_cache()
-    for candidate in ("parts_outer", "hf_2kb_parts_outer"):
+    for candidate in ("parts_outer", "hf_2kb_parts_outer", "hf_k_2kb_parts_outer"):
         ratios = [r["ratio"] for r in record["rows"] if r["candidate"] == candidate]
         if ratios:
             print(f"{len(ratios)} calls: {candidate} / before median "

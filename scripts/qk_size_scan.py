@@ -141,7 +141,7 @@ def forced(config, call, **flags):
     return run
 
 
-def _any_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h):
+def _any_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h, block_hk):
     """rope_qk._parts_outer for every plan of one head block in memory order."""
     return not all_heads and not token_blocks_fastest
 

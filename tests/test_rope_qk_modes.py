@@ -759,27 +759,29 @@ def test_parts_outer_rule(monkeypatch):
     """The program order by part (all of q's programs, then k's) where the programs take one head
     block and q's and k's heads fill their blocks; not for programs of all heads, token blocks
     fastest, fused QKV (v), blocks that k or q fills in part, or with the switch off."""
-    rule = rope_qk._parts_outer  # (all_heads, token_blocks_fastest, has_v, q, k, block_h)
-    assert rule(False, False, False, 32, 8, 8)  # the cache's 2 KB blocks at 32q/8k, bf16
-    assert rule(False, False, False, 32, 32, 16)  # Hugging Face's 4 KB blocks at 32q/32k
-    assert not rule(False, False, False, 32, 8, 16)  # ... at 32q/8k: k fills half a block
-    assert not rule(False, False, False, 24, 8, 16)  # q's last block half empty
-    assert not rule(True, False, False, 32, 8, 8)
-    assert not rule(False, True, False, 32, 8, 8)
-    assert not rule(False, False, True, 32, 8, 8)
+    rule = rope_qk._parts_outer  # (all_heads, token_blocks_fastest, has_v, q, k, block_h, block_hk)
+    assert rule(False, False, False, 32, 8, 8, 8)  # the cache's 2 KB blocks at 32q/8k, bf16
+    assert rule(False, False, False, 32, 32, 16, 16)  # Hugging Face's 4 KB blocks at 32q/32k
+    assert not rule(False, False, False, 32, 8, 16, 16)  # ... at 32q/8k: k fills half a block
+    assert rule(False, False, False, 32, 8, 16, 8)  # ... unless k's blocks are sized to k
+    assert not rule(False, False, False, 24, 8, 16, 8)  # q's last block half empty
+    assert not rule(True, False, False, 32, 8, 8, 8)
+    assert not rule(False, True, False, 32, 8, 8, 8)
+    assert not rule(False, False, True, 32, 8, 8, 8)
     monkeypatch.setattr(rope_qk, "PARTS_OUTER", False)
-    assert not rule(False, False, False, 32, 8, 8)
+    assert not rule(False, False, False, 32, 8, 8, 8)
 
 
 @pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
-@pytest.mark.parametrize("block_s", [1, 2])
-def test_program_order_by_part(call, block_s, seed, monkeypatch):
-    """Grouped-query q and k (6 and 2 heads) on blocks of 2 heads, 7 tokens (a part-filled last
-    token block at block_s 2): the plan orders its programs by part, and its results, in place
-    and not, equal the order before's bit for bit and the float64 reference."""
+@pytest.mark.parametrize("block_s,block_hk", [(1, 2), (2, 2), (2, 1)])
+def test_program_order_by_part(call, block_s, block_hk, seed, monkeypatch):
+    """Grouped-query q and k (6 and 2 heads) on blocks of 2 heads of q and ``block_hk`` of k, 7
+    tokens (a part-filled last token block at block_s 2): the plan orders its programs by part,
+    and its results, in place and not, equal the order before's bit for bit and the float64
+    reference."""
     tokens, q_heads, k_heads, head_size = 7, 6, 2, 16
     monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(
-        block_s=block_s, block_h=2, num_warps=2, all_heads=False))
+        block_s=block_s, block_h=2, block_hk=block_hk, num_warps=2, all_heads=False))
     q, k, want, rows, run = _q_k_call(call, tokens, q_heads, k_heads, head_size, head_size, seed)
     results = {}
     for parts_outer in (True, False):
