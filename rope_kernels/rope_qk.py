@@ -1063,8 +1063,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
                          angles, rotary_dim, in_place, transposed, words, narrowed)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
-    # Programs of one head block index every part by the same block size; programs of all
-    # heads may size k's (and v's) blocks to k.
+    # k's (and v's) blocks may have a size of their own (block_hk): the all-heads programs size
+    # them to k; the default plans of one head block give every part the same size.
     block_hk = cfg.get("block_hk", block_h)
     q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_hk)
     v_heads = v[0][2] if v is not None else 0
