@@ -32,13 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_size_scan import forced  # noqa: E402
+from qk_size_scan import every_plan, forced, same  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
-
-
-def every_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h, block_hk):
-    """``--every-plan``: every plan of one head block in memory order ordered by part."""
-    return not all_heads and not token_blocks_fastest
 
 
 def planned(call, parts_outer, config=None):
@@ -95,12 +90,6 @@ def qkv_calls(p):
                                                          interleaved=p.interleaved),
             (name, "backward"): lambda: rope_qk.rope_qkv_backward(
                 *p.grads, p.freqs, p.freqs, p.splits, interleaved=p.interleaved)}
-
-
-def same(a, b) -> bool:
-    a = a if isinstance(a, (tuple, list)) else (a,)
-    b = b if isinstance(b, (tuple, list)) else (b,)
-    return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def main(argv=None):

@@ -39,7 +39,9 @@ import triton.language as tl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from qk_in_place_rotated_only import _tile  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 from rope_kernels.api import apply_rotary_pos_emb  # noqa: E402
 
@@ -94,10 +96,6 @@ def stream(q, k, block_s, block_e, num_warps, parts_outer=False):
     return call
 
 
-def _tile(block_s, block_h, num_warps):
-    return dict(block_s=block_s, block_h=block_h, num_warps=num_warps, all_heads=False)
-
-
 # Forced tiles of the cache call (the default at this shape is one token's 8 heads on 2 warps).
 CACHE_TILES = {"2x8 4w": _tile(2, 8, 4)}
 STREAMS = {"1x8 2w": (1, 1024, 2, False), "2x8 4w": (2, 1024, 4, False),
@@ -141,9 +139,17 @@ def forced(config, call, **flags):
     return run
 
 
-def _any_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h, block_hk):
-    """rope_qk._parts_outer for every plan of one head block in memory order."""
+def every_plan(all_heads, token_blocks_fastest, has_v, q_heads, k_heads, block_h, block_hk):
+    """In place of rope_qk._parts_outer: every plan of one head block in memory order ordered by
+    part, whatever its blocks hold."""
     return not all_heads and not token_blocks_fastest
+
+
+def same(a, b) -> bool:
+    """The results of two calls (a tensor, or a tuple of them) equal bit for bit."""
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def calls(seq_len):
@@ -166,13 +172,11 @@ def calls(seq_len):
     expected = cache()
     for name, config in CACHE_TILES.items():
         fns[f"cache {name}"] = (forced(config, cache), p.nbytes)
-        got = fns[f"cache {name}"][0]()
-        same_bits[f"cache {name}"] = all(torch.equal(a, b) for a, b in zip(got, expected))
+        same_bits[f"cache {name}"] = same(fns[f"cache {name}"][0](), expected)
     # The program order by part (rope_qk.PARTS_OUTER) on and off, whatever the rule chooses.
     for name, flag in (("cache parts outer", True), ("cache parts inner", False)):
         fns[name] = (forced(None, cache, PARTS_OUTER=flag), p.nbytes)
-        got = fns[name][0]()
-        same_bits[name] = all(torch.equal(a, b) for a, b in zip(got, expected))
+        same_bits[name] = same(fns[name][0](), expected)
     in_place = lambda: rope_qk.rope_cos_sin_cache(  # noqa: E731
         p.positions, qi, ki, HEAD_DIM, p.cache, query_out=qi, key_out=ki)
     fns["cache in place"] = (in_place, p.nbytes)
@@ -183,11 +187,10 @@ def calls(seq_len):
     fns["hf"] = (hf, p.nbytes)
     # Hugging Face's 4 KB blocks of q at this shape leave k's blocks half empty: the rule keeps
     # them in the order before; here they are forced into the order by part.
-    fns["hf parts outer"] = (forced(None, hf, PARTS_OUTER=True, _parts_outer=_any_plan),
+    fns["hf parts outer"] = (forced(None, hf, PARTS_OUTER=True, _parts_outer=every_plan),
                              p.nbytes)
     expected = hf()
-    got = fns["hf parts outer"][0]()
-    same_bits["hf parts outer"] = all(torch.equal(a, b) for a, b in zip(got, expected))
+    same_bits["hf parts outer"] = same(fns["hf parts outer"][0](), expected)
     fns["rope_2d bshd"] = (lambda: apply_rotary_pos_emb(t.t, t.freqs, "bshd", fused=True,
                                                          validate=False), t.nbytes)
     return fns, p, same_bits
