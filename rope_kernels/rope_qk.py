@@ -458,6 +458,36 @@ def _rotate_tile(
 
 
 @triton.jit
+def _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
+                t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
+                ANGLES: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
+                USE_CP: tl.constexpr, INT64: tl.constexpr):
+    """Where each token's row starts in the angle table (or in cos and sin), [BLOCK_S]: from
+    ``positions`` (a load, on which the table's loads wait), or from the token's index."""
+    if ANGLES >= 2:
+        t_row = pid_b * t_stride_b + s_idx * t_stride_s
+    else:
+        if HAS_POSITIONS:
+            pos = tl.load(positions_ptr + s_idx * p_stride_s + pid_b * p_stride_b, mask=s_mask,
+                          other=0)
+        else:
+            pos = s_idx
+            if USE_CP:
+                # Dual-chunk context parallelism (TransformerEngine): the first half of the local
+                # sequence is chunk cp_rank of the global one, the second half chunk
+                # 2 * cp_size - 1 - cp_rank.
+                half = seq_len // 2
+                pos = tl.where(s_idx < half, s_idx + cp_rank * half,
+                               seq_len * cp_size - (cp_rank + 1) * half + (s_idx - half))
+            if HAS_START:
+                pos += tl.load(start_positions_ptr + pid_b)
+        if INT64:
+            pos = pos.to(tl.int64)
+        t_row = pos * t_stride_s
+    return t_row
+
+
+@triton.jit
 def _copy_tile(x_ptr, out_ptr, s_idx, s_mask, pid_b, pid_h, heads, width,
                x_s, x_b, x_g, x_d, o_s, o_b, o_g, o_d,
                INT64: tl.constexpr, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
@@ -502,6 +532,7 @@ def rope_qk_kernel(
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     HAS_V: tl.constexpr,
+    X_FIRST: tl.constexpr,  # q's (or k's) loads issued before the positions' (see one head block)
     # Pairs: 0 half-split (j, j + rotary_dim/2); interleaved (2j, 2j+1): 1 split from a
     # [..., HALF, 2] tile, 2 read and written as one word each (q's and k's strides in words).
     INTERLEAVED: tl.constexpr,
@@ -572,27 +603,11 @@ def rope_qk_kernel(
         s_idx = s_idx.to(tl.int64)
         pid_b = pid_b.to(tl.int64)
 
-    # Each token's row in the angle table (or in cos and sin).
-    if ANGLES >= 2:
-        t_row = pid_b * t_stride_b + s_idx * t_stride_s
-    else:
-        if HAS_POSITIONS:
-            pos = tl.load(positions_ptr + s_idx * p_stride_s + pid_b * p_stride_b, mask=s_mask,
-                          other=0)
-        else:
-            pos = s_idx
-            if USE_CP:
-                # Dual-chunk context parallelism (TransformerEngine): the first half of the local
-                # sequence is chunk cp_rank of the global one, the second half chunk
-                # 2 * cp_size - 1 - cp_rank.
-                half = seq_len // 2
-                pos = tl.where(s_idx < half, s_idx + cp_rank * half,
-                               seq_len * cp_size - (cp_rank + 1) * half + (s_idx - half))
-            if HAS_START:
-                pos += tl.load(start_positions_ptr + pid_b)
-        if INT64:
-            pos = pos.to(tl.int64)
-        t_row = pos * t_stride_s
+    # Each token's row in the angle table (or in cos and sin); with X_FIRST, later.
+    if not X_FIRST:
+        t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
+                            t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
+                            ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
 
     if LOADS_FIRST:
         # All of q's heads in one block and all of k's in another: both tiles' loads are issued
@@ -603,6 +618,11 @@ def rope_qk_kernel(
         k1, k2, kp = _load_tile(k_ptr, s_idx, s_mask, pid_b, 0, k_heads, k_sub, rotary_dim,
                                 head_dim, k_s, k_b, k_g, k_u, k_d, INTERLEAVED, INT64, BLOCK_HK,
                                 HALF, PASS, ROW)
+        if X_FIRST:
+            tl.debug_barrier()  # q's and k's loads before the positions' (see one head block)
+            t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
+                                seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
+                                cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF, ROW)
@@ -617,11 +637,24 @@ def rope_qk_kernel(
                     k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g, ko_u, ko_d,
                     INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
     elif ALL_HEADS:
-        # The cos/sin of these tokens once, for every head block of q, k (and v's copy).
+        # The cos/sin of these tokens once, for every head block of q, k (and v's copy). With
+        # X_FIRST they are loaded after the first block of q has its loads issued.
+        if X_FIRST:
+            x1, x2, xp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
+                                    head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64,
+                                    BLOCK_H, HALF, PASS, ROW)
+            tl.debug_barrier()
+            t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
+                                seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
+                                cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
         cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF, ROW)
-        for hb in tl.static_range(Q_LOOP):
+        if X_FIRST:
+            _store_tile(q_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
+                        q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
+                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW)
+        for hb in tl.static_range(1 if X_FIRST else 0, Q_LOOP):
             _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, q_table_ptr, sin_ptr, t_row,
                          s_idx, s_mask, pid_b, hb, q_heads, q_sub, rotary_dim, head_dim,
                          q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
@@ -641,6 +674,47 @@ def rope_qk_kernel(
             for hb in tl.static_range(V_LOOP):
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
                            v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d, INT64, BLOCK_HK, V_WIDTH)
+    elif X_FIRST:
+        if pid_h < q_blocks:
+            # One head block of q, its loads issued first, then those of the positions and of
+            # the angle rows (which wait on the positions), so that their latencies overlap.
+            # Left to itself ptxas moves the positions' load and the rows' above q's and issues
+            # q's only once the positions have come: a program then has no byte of q in flight
+            # for one memory latency. A barrier is a point it does not move loads across
+            # (BAR.SYNC between the LDGs of q and of the positions in the SASS; it waits on no
+            # load).
+            x1, x2, xp = _load_tile(q_ptr, s_idx, s_mask, pid_b, pid_h, q_heads, q_sub,
+                                    rotary_dim, head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED,
+                                    INT64, BLOCK_H, HALF, PASS, ROW)
+            tl.debug_barrier()
+            t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
+                                seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
+                                cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
+            cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                             t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
+                                             FAST_TRIG, INT64, HALF, ROW)
+            _store_tile(q_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b,
+                        pid_h, q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
+                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW)
+        elif pid_h < q_blocks + k_blocks:
+            # One head block of k, likewise.
+            x1, x2, xp = _load_tile(k_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads,
+                                    k_sub, rotary_dim, head_dim, k_s, k_b, k_g, k_u, k_d,
+                                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
+            tl.debug_barrier()
+            t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
+                                seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
+                                cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
+            cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
+                                             t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
+                                             FAST_TRIG, INT64, HALF, ROW)
+            _store_tile(k_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b,
+                        pid_h - q_blocks, k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g,
+                        ko_u, ko_d, INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
+        elif HAS_V:
+            _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
+                       v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
+                       INT64, BLOCK_HK, V_WIDTH)
     elif pid_h < q_blocks:
         _rotate_tile(q_ptr, q_out_ptr, 0.0, 0.0, 0.0, 0.0, q_table_ptr, sin_ptr, t_row,
                      s_idx, s_mask, pid_b, pid_h, q_heads, q_sub, rotary_dim, head_dim,
@@ -711,6 +785,22 @@ NARROWED_ROWS = True
 # fused QKV, whose q, k and v of a token are neighbours in memory, 0.993-1.000 forward and
 # 0.968-0.979 backward: those keep the order before (``_parts_outer``).
 PARTS_OUTER = True
+# q's and k's loads issued before the positions' (``X_FIRST`` in the kernel; ``_x_first``).
+LOADS_BEFORE_POSITIONS = True
+
+
+def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
+    """Whether q's and k's loads go before the positions' (``X_FIRST``): where it was measured
+    faster, the half-split pairs of calls with per-token positions whose heads are not narrowed.
+    scripts/qk_loads_before_positions.py, figures/qk_loads_before_positions_h200.json (H200, 5
+    shuffled rounds, the cos/sin cache against the order before, out of place / in place): bf16
+    32q/8k +0.4 to +1.5% / +0.1 to +0.9% at 168-1343 MB; 16q/4k (loads first) +1.1% / +1.0%;
+    head_dim 64 (all heads a program) +2.0% / +2.1%; float32 +0.3% / +0.1%; half the head rotated
+    +0.6% out of place (figures/qk_loads_before_positions_half_h200.json). Left out, as they lost:
+    in place with half the head rotated, where the heads are narrowed and all heads are a
+    program (-2.3%), and interleaved pairs (read as words: -1.3% at 32q/8k). Elsewhere the kernel
+    is the one before to the instruction (the same SASS from Triton 3.7.1 at 48 plans)."""
+    return LOADS_BEFORE_POSITIONS and has_positions and not interleaved and not narrowed
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,
@@ -1101,6 +1191,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         HAS_START=has_start,
         USE_CP=cp_size > 1,
         HAS_V=v is not None,
+        X_FIRST=_x_first(has_positions, interleaved, narrowed),
         INTERLEAVED=2 if words else int(bool(interleaved)),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).

@@ -12,6 +12,8 @@ fails here, in CI, before a GPU run measures it:
 - Hugging Face's transposed half-rotary call (``rope_qk``'s whole rows in 4 x 4 tiles): no
   shared memory and at most 64 registers (the 3-D tile: 1 KB and 94 on Triton 3.7.1; the 2-D
   one: none and 64 on 3.6 and on 3.7.1);
+- the cos/sin cache's programs issue q's loads before the positions' (``X_FIRST``; ptxas moves
+  the positions' load first without the kernel's barrier);
 - fused QKV (``rope_qk``'s whole rows on the pairs' tile) and ``rope_2d``'s bshd tile (8
   positions x 4 heads of whole rows): at most 64 registers (96 each with the 3-D tiles on Triton
   3.7.1; checked on 3.7.1 only, the other tests skip on other versions).
@@ -257,6 +259,50 @@ def test_rope_2d_reads_its_angle_table_evict_last(compiled_modules, backward):
     loads = [line for line in ptx.splitlines() if re.search(r"\bld\.global", line)]
     hinted = [line for line in loads if "evict_last" in line or "cache_hint" in line]
     assert hinted and len(hinted) < len(loads), (len(hinted), len(loads))
+
+
+def cache_call(qk, dtype=torch.bfloat16):
+    """The launch of the cos/sin cache call out of place: 16 x 4096 tokens, 32 q / 8 k heads of
+    128, int64 positions (programs of one token's 8 heads on an H200)."""
+    tokens, hq, hk, d = 16 * 4096, 32, 8, 128
+    q, k = meta(tokens, hq * d, dtype=dtype), meta(tokens, hk * d, dtype=dtype)
+    positions, cache = meta(tokens, dtype=torch.int64), meta(4096, d, dtype=torch.float32)
+    return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, d, cache))
+
+
+def sass_loads(compiled) -> list:
+    """The global loads of a compiled kernel's SASS (``cuobjdump -sass``), in program order."""
+    cuobjdump = NVIDIA_BIN / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip("no cuobjdump in triton's CUDA backend")
+    path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"rope_sass_{os.getpid()}.cubin"
+    path.write_bytes(compiled.asm["cubin"])
+    try:
+        out = subprocess.run([str(cuobjdump), "-sass", str(path)], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        path.unlink()
+    return re.findall(r"\bLDG\.E[.\w]*", out)
+
+
+@read_on_checked
+@pytest.mark.parametrize("loads_before_positions", [True, False])
+def test_cache_issues_q_loads_before_the_positions(compiled_modules, loads_before_positions,
+                                                   monkeypatch):
+    """In the cache's programs (one head block of q or k), q's first 16-byte load (LDG.E.128)
+    comes before the int64 positions' load (LDG.E.64) with ``X_FIRST``: its barrier keeps ptxas
+    from moving the positions' load above q's, where a program would hold nothing of q in flight
+    until the position came. With it off, ptxas puts the positions' load first: the order the
+    barrier is there to change."""
+    qk = compiled_modules["rope_qk"]
+    monkeypatch.setattr(qk, "LOADS_BEFORE_POSITIONS", loads_before_positions)
+    monkeypatch.setattr(qk, "_PLANS", {})
+    launch = plan, _ = cache_call(qk)
+    assert plan.constexprs["X_FIRST"] == loads_before_positions
+    assert (plan.constexprs["ALL_HEADS"], plan.constexprs["BLOCK_H"]) == (False, 8)
+    loads = sass_loads(compile_qk(qk, launch))
+    first_q, first_position = loads.index("LDG.E.128"), loads.index("LDG.E.64")
+    assert (first_q < first_position) == loads_before_positions, loads
 
 
 # Other GPUs. The kernels run compiled on H100 and H200 only (sm_90); this checks that each

@@ -80,7 +80,8 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
     half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf half", "hf glm"
     (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections). Returns q, k, their float64
     references, ``rows`` (a view with heads and channels last) and ``run(q_out=None,
-    k_out=None)``, the call writing into the outputs given (new ones if None), which returns
+    k_out=None, q_in=None, k_in=None)``, the call on ``q_in`` and ``k_in`` (q and k if None)
+    writing into the outputs given (new ones if None; the inputs for in place), which returns
     its results."""
     g = torch.Generator().manual_seed(seed)
     if call.startswith("hf"):
@@ -92,8 +93,9 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
         cos, sin = emb.cos(), emb.sin()
         want = [hf_reference(x, cos, sin, pairs=pairs) for x in (q, k)]
 
-        def run(q_out=None, k_out=None):
-            return rope_qk.rope_cos_sin(q, k, cos, sin, 1, pairs=pairs, q_out=q_out, k_out=k_out)
+        def run(q_out=None, k_out=None, q_in=None, k_in=None):
+            return rope_qk.rope_cos_sin(q if q_in is None else q_in, k if k_in is None else k_in,
+                                        cos, sin, 1, pairs=pairs, q_out=q_out, k_out=k_out)
         return q, k, want, lambda x: x, run
     neox = call.endswith("half-split")
     positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
@@ -102,8 +104,9 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
     k = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
     want = [cache_reference(positions, x, head_size, cache, neox) for x in (q, k)]
 
-    def run(q_out=None, k_out=None):
-        return rope_qk.rope_cos_sin_cache(positions, q, k, head_size, cache, neox,
+    def run(q_out=None, k_out=None, q_in=None, k_in=None):
+        return rope_qk.rope_cos_sin_cache(positions, q if q_in is None else q_in,
+                                          k if k_in is None else k_in, head_size, cache, neox,
                                           query_out=q_out, key_out=k_out)
     return q, k, want, lambda x: x.reshape(tokens, -1, head_size), run
 
@@ -792,10 +795,54 @@ def test_program_order_by_part(call, block_s, block_hk, seed, monkeypatch):
         (plan,) = rope_qk._PLANS.values()
         assert plan.constexprs["PARTS_OUTER"] == parts_outer
         q_in, k_in = q.clone(), k.clone()
-        run(q_in, k_in)  # in place
+        run(q_in, k_in, q_in, k_in)  # in place
         results[parts_outer] = (q_out, k_out, q_in, k_in)
     for got, before, name in zip(results[True], results[False], ("q", "k", "q in place",
                                                                  "k in place")):
         assert torch.equal(got, before), name
     for got, ref, name in zip(results[True], want * 2, ("q", "k", "q in place", "k in place")):
+        assert_rope_close(rows(got), rows(ref), torch.float32, name)
+
+
+def test_loads_before_positions_rule(monkeypatch):
+    """q's and k's loads before the positions' (``X_FIRST``) for calls with per-token positions
+    and half-split pairs, not for interleaved pairs, heads narrowed in place, calls without
+    positions, or with the switch off."""
+    rule = rope_qk._x_first  # (has_positions, interleaved, narrowed)
+    assert rule(True, False, False)
+    assert not rule(True, True, False)
+    assert not rule(True, False, True)
+    assert not rule(False, False, False)
+    monkeypatch.setattr(rope_qk, "LOADS_BEFORE_POSITIONS", False)
+    assert not rule(True, False, False)
+
+
+@pytest.mark.parametrize("rotary_dim", [20, 12])
+def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
+    """Every program shape (``mode``) of the cache call, grouped-query q and k (5 and 3 heads of
+    20, 12 or 20 channels rotated) at positions in any order, into NaN-poisoned outputs and in
+    place: with q's and k's loads before the positions' the plan says so where the rule takes
+    it (not in place with part of the head rotated: the heads are narrowed), and the results
+    equal the order before's bit for bit and the float64 reference."""
+    tokens, q_heads, k_heads, head_size = 7, 5, 3, 20
+    q, k, want, rows, run = _q_k_call("cache half-split", tokens, q_heads, k_heads, head_size,
+                                      rotary_dim, seed)
+    results = {}
+    for flag in (True, False):
+        monkeypatch.setattr(rope_qk, "LOADS_BEFORE_POSITIONS", flag)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+        run(q_out, k_out)
+        (plan,) = rope_qk._PLANS.values()
+        assert plan.constexprs["X_FIRST"] == flag
+        rope_qk._PLANS.clear()
+        q_in, k_in = q.clone(), k.clone()
+        run(q_in, k_in, q_in, k_in)  # in place
+        (plan,) = rope_qk._PLANS.values()
+        assert plan.constexprs["X_FIRST"] == (flag and rotary_dim == head_size)
+        results[flag] = (q_out, k_out, q_in, k_in)
+    names = ("q", "k", "q in place", "k in place")
+    for got, before, name in zip(results[True], results[False], names):
+        assert torch.equal(got, before), name
+    for got, ref, name in zip(results[True], want * 2, names):
         assert_rope_close(rows(got), rows(ref), torch.float32, name)
