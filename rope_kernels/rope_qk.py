@@ -792,14 +792,15 @@ LOADS_BEFORE_POSITIONS = True
 def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
     """Whether q's and k's loads go before the positions' (``X_FIRST``): where it was measured
     faster, the half-split pairs of calls with per-token positions whose heads are not narrowed.
-    scripts/qk_loads_before_positions.py, figures/qk_loads_before_positions_h200.json (H200, 5
-    shuffled rounds, the cos/sin cache against the order before, out of place / in place): bf16
-    32q/8k +0.4 to +1.5% / +0.1 to +0.9% at 168-1343 MB; 16q/4k (loads first) +1.1% / +1.0%;
-    head_dim 64 (all heads a program) +2.0% / +2.1%; float32 +0.3% / +0.1%; half the head rotated
-    +0.6% out of place (figures/qk_loads_before_positions_half_h200.json). Left out, as they lost:
-    in place with half the head rotated, where the heads are narrowed and all heads are a
-    program (-2.3%), and interleaved pairs (read as words: -1.3% at 32q/8k). Elsewhere the kernel
-    is the one before to the instruction (the same SASS from Triton 3.7.1 at 48 plans)."""
+    scripts/qk_loads_before_positions.py, figures/qk_loads_before_positions_h200.json (H200, 4
+    shuffled rounds, the cos/sin cache against the file before, out of place / in place): bf16
+    32q/8k +0.4 to +1.1% / +0.1 to +1.0% at 168-1343 MB (the intercept of time against bytes
+    6.98 -> 6.55 us); 16q/4k (loads first) +1.4% / +0.5%; head_dim 64 (all heads a program)
+    +1.7% / +1.9%; float32 +0.4% / +0.1%; batch 1 in place +0.4%; half the head rotated +0.7% out
+    of place (..._half_h200.json). Left out, as they lost: interleaved pairs read as words
+    (-1.3% at 32q/8k, ..._words_h200.json) and in place with half the head rotated, where the
+    heads are narrowed and all heads are a program (-2.3%, ..._narrowed_h200.json). Elsewhere the
+    kernel compiles to the same SASS as before (42 plans checked with Triton 3.7.1)."""
     return LOADS_BEFORE_POSITIONS and has_positions and not interleaved and not narrowed
 
 

@@ -13,6 +13,7 @@ import torch
 
 from conftest import DEVICE, assert_rope_close, hf_reference, randn
 from rope_kernels import RotaryPositionEmbedding, rope_qk, rope_reference
+from rope_kernels.rope_qk import INTERPRETED
 from test_serving import make_cache, reference as cache_reference
 
 MODES = [dict(block_s=2, block_h=2, num_warps=4, all_heads=True),
@@ -827,7 +828,7 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
     tokens, q_heads, k_heads, head_size = 7, 5, 3, 20
     q, k, want, rows, run = _q_k_call("cache half-split", tokens, q_heads, k_heads, head_size,
                                       rotary_dim, seed)
-    results = {}
+    results, peeled = {}, False
     for flag in (True, False):
         monkeypatch.setattr(rope_qk, "LOADS_BEFORE_POSITIONS", flag)
         monkeypatch.setattr(rope_qk, "_PLANS", {})
@@ -835,6 +836,8 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
         run(q_out, k_out)
         (plan,) = rope_qk._PLANS.values()
         assert plan.constexprs["X_FIRST"] == flag
+        c = plan.constexprs
+        peeled |= c["X_FIRST"] and c["ALL_HEADS"] and not c["LOADS_FIRST"]
         rope_qk._PLANS.clear()
         q_in, k_in = q.clone(), k.clone()
         run(q_in, k_in, q_in, k_in)  # in place
@@ -843,6 +846,13 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
         results[flag] = (q_out, k_out, q_in, k_in)
     names = ("q", "k", "q in place", "k in place")
     for got, before, name in zip(results[True], results[False], names):
-        assert torch.equal(got, before), name
+        if peeled and not INTERPRETED:
+            # Programs of all heads rotate q's first block apart from their loop, and compiled
+            # code may contract that block's products into fused multiply-adds otherwise than
+            # the loop's: float32's last bit may differ (on an H200 at bf16 head_dim 64, 641 of
+            # 84M elements, with the same largest and mean error against float64).
+            torch.testing.assert_close(got, before, rtol=2**-22, atol=2**-22, msg=name)
+        else:
+            assert torch.equal(got, before), name
     for got, ref, name in zip(results[True], want * 2, names):
         assert_rope_close(rows(got), rows(ref), torch.float32, name)
