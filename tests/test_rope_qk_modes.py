@@ -849,9 +849,11 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
         if peeled and not INTERPRETED:
             # Programs of all heads rotate q's first block apart from their loop, and compiled
             # code may contract that block's products into fused multiply-adds otherwise than
-            # the loop's: float32's last bit may differ (on an H200 at bf16 head_dim 64, 641 of
-            # 84M elements, with the same largest and mean error against float64).
-            torch.testing.assert_close(got, before, rtol=2**-22, atol=2**-22, msg=name)
+            # the loop's: float32's last bits may differ (on an H200 at bf16 head_dim 64, 641 of
+            # 84M elements, with the same largest and mean error against float64). A product
+            # rounded or not differs by half an ulp of it (2**-22 at 4): a few ulps allowed, a
+            # wrong tile is off by whole values.
+            torch.testing.assert_close(got, before, rtol=2**-20, atol=2**-20, msg=name)
         else:
             assert torch.equal(got, before), name
     for got, ref, name in zip(results[True], want * 2, names):
