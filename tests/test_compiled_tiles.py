@@ -131,19 +131,23 @@ def compiled_modules():
     return modules
 
 
-def registers(compiled) -> int:
-    """Registers per thread of a compiled kernel, from its cubin (``cuobjdump -res-usage``)."""
-    cuobjdump = NVIDIA_BIN / "cuobjdump"
-    if not cuobjdump.exists():
+def cuobjdump(compiled, option: str) -> str:
+    """``cuobjdump option`` on a compiled kernel's cubin (``-res-usage``, ``-sass``)."""
+    tool = NVIDIA_BIN / "cuobjdump"
+    if not tool.exists():
         pytest.skip("no cuobjdump in triton's CUDA backend")
     path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"rope_tiles_{os.getpid()}.cubin"
     path.write_bytes(compiled.asm["cubin"])
     try:
-        out = subprocess.run([str(cuobjdump), "-res-usage", str(path)], capture_output=True,
-                             text=True, check=True).stdout
+        return subprocess.run([str(tool), option, str(path)], capture_output=True, text=True,
+                              check=True).stdout
     finally:
         path.unlink()
-    return int(re.search(r"REG:(\d+)", out).group(1))
+
+
+def registers(compiled) -> int:
+    """Registers per thread of a compiled kernel, from its cubin (``cuobjdump -res-usage``)."""
+    return int(re.search(r"REG:(\d+)", cuobjdump(compiled, "-res-usage")).group(1))
 
 
 def meta(*shape, dtype):
@@ -272,17 +276,7 @@ def cache_call(qk, dtype=torch.bfloat16):
 
 def sass_loads(compiled) -> list:
     """The global loads of a compiled kernel's SASS (``cuobjdump -sass``), in program order."""
-    cuobjdump = NVIDIA_BIN / "cuobjdump"
-    if not cuobjdump.exists():
-        pytest.skip("no cuobjdump in triton's CUDA backend")
-    path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"rope_sass_{os.getpid()}.cubin"
-    path.write_bytes(compiled.asm["cubin"])
-    try:
-        out = subprocess.run([str(cuobjdump), "-sass", str(path)], capture_output=True,
-                             text=True, check=True).stdout
-    finally:
-        path.unlink()
-    return re.findall(r"\bLDG\.E[.\w]*", out)
+    return re.findall(r"\bLDG\.E[.\w]*", cuobjdump(compiled, "-sass"))
 
 
 @read_on_checked
