@@ -4,7 +4,7 @@
     git show REV:rope_kernels/rope_qk.py > /tmp/rope_qk_before.py
     python scripts/qk_loads_before_positions.py --before /tmp/rope_qk_before.py
                                                 [--out figures/qk_loads_before_positions_h200.json]
-                                                [--rounds 5]
+                                                [--rounds 5] [--half-rotary]
 
 The cos/sin cache's programs read each token's position, then the token's row of the cache
 (a load that waits on another), then rotate their tile of q or k. Written in that order, or with
@@ -12,7 +12,7 @@ the tile's loads first, ptxas issues the tile's loads only after the position ha
 of a program of one head block: LDG of the position, wait, LDG of the cache row, LDG.128 of the
 tile), so each program spends one memory latency with nothing of q or k in flight. The file now
 issues the tile's loads first, with a barrier before the positions' load (a point ptxas does not
-move loads across). This times both files' calls in one process, each through its own plan table
+move loads across), where ``rope_qk._x_first`` says so. This times both files' calls in one process, each through its own plan table
 and the package's launcher: bf16 32 q / 8 k heads of 128,
 
 - 16 sequences of 512-4096 tokens (168-1343 MB): the cache out of place and in place, Hugging
@@ -22,7 +22,14 @@ and the package's launcher: bf16 32 q / 8 k heads of 128,
 - one sequence of 4096 tokens in place (86 MB, where Liger-Kernel's kernel, given cos and sin
   per token, led ours by 1-2%: ``scripts/qk_positions_cost.py``);
 - the decode-sized call (64 tokens): its GPU time alone (L2 flushed, host ahead) and back to back
-  from Python.
+  from Python;
+- then, at 16 x 2048 tokens, the plans the rule chooses otherwise (16 q / 4 k heads: loads first;
+  head_dim 64: all heads a program; float32) and the interleaved pairs it leaves alone (SHAPES).
+
+``--half-rotary``: instead, half the head rotated at 16 x 4096 tokens, both pairings, the cache
+out of place and in place (whose heads are narrowed: left alone) and Hugging Face's call.
+Where the two files' bits differ, ``differences`` gives how many elements and each file's
+largest and mean distance from the float64 rotation.
 
 Timing: ``bench.time_ms_host_ahead`` (median, L2 flushed per call, the host kept ahead) in
 ``--rounds`` shuffled rounds; per round the ratio after/before of each call. Both files' results
@@ -251,9 +258,7 @@ def main(argv=None):
         print(f"{name:22s} time = {intercept:5.2f} us + bytes / {gbps:6.0f} GB/s "
               f"({gbps / copy_gbps:.3f} of copy)")
     # The decode-sized call: GPU time alone, and back to back from Python.
-    decode = {}
-    for _ in range(0 if args.half_rotary else 1):
-        decode = decode_times(modules, args.rounds)
+    decode = {} if args.half_rotary else decode_times(modules, args.rounds)
     record = dict(provenance=bench.provenance(copy_gbps, "qk_loads_before_positions"), rows=rows,
                   fits=fits, decode=decode,
                   differences=DIFFERENCES)
