@@ -488,6 +488,38 @@ def _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_le
 
 
 @triton.jit
+def _rotate_tile_x_first(
+    x_ptr, out_ptr, table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
+    s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim, seq_len,
+    x_s, x_b, x_g, x_u, x_d, o_s, o_b, o_g, o_u, o_d,
+    t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
+    ANGLES: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
+    USE_CP: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    FAST_TRIG: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr,
+):
+    """``_rotate_tile`` for a program of one head block whose table rows come from positions
+    (``X_FIRST``): the tile's loads are issued first, then those of the positions and of the
+    angle rows (which wait on the positions), so that their latencies overlap. Left to itself
+    ptxas moves the positions' load and the rows' above the tile's and issues the tile's only
+    once the positions have come: a program then has no byte of q or k in flight for one memory
+    latency. A barrier is a point it does not move loads across (BAR.SYNC between the LDGs of
+    the tile and of the positions in the SASS; it waits on no load)."""
+    x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
+                            head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
+                            PASS, ROW)
+    tl.debug_barrier()
+    t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
+                        t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
+                        ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
+    cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
+                                     ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, HALF, ROW)
+    _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
+                n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
+                HALF, PASS, ROW)
+
+
+@triton.jit
 def _copy_tile(x_ptr, out_ptr, s_idx, s_mask, pid_b, pid_h, heads, width,
                x_s, x_b, x_g, x_d, o_s, o_b, o_g, o_d,
                INT64: tl.constexpr, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
@@ -532,7 +564,7 @@ def rope_qk_kernel(
     HAS_START: tl.constexpr,
     USE_CP: tl.constexpr,
     HAS_V: tl.constexpr,
-    X_FIRST: tl.constexpr,  # q's (or k's) loads issued before the positions' (see one head block)
+    X_FIRST: tl.constexpr,  # q's (or k's) loads issued before the positions' (_rotate_tile_x_first)
     # Pairs: 0 half-split (j, j + rotary_dim/2); interleaved (2j, 2j+1): 1 split from a
     # [..., HALF, 2] tile, 2 read and written as one word each (q's and k's strides in words).
     INTERLEAVED: tl.constexpr,
@@ -619,7 +651,7 @@ def rope_qk_kernel(
                                 head_dim, k_s, k_b, k_g, k_u, k_d, INTERLEAVED, INT64, BLOCK_HK,
                                 HALF, PASS, ROW)
         if X_FIRST:
-            tl.debug_barrier()  # q's and k's loads before the positions' (see one head block)
+            tl.debug_barrier()  # q's and k's loads before the positions' (_rotate_tile_x_first)
             t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
                                 seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
                                 cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
@@ -675,42 +707,23 @@ def rope_qk_kernel(
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
                            v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d, INT64, BLOCK_HK, V_WIDTH)
     elif X_FIRST:
+        # One head block of q or of k, its loads before the positions' (_rotate_tile_x_first).
         if pid_h < q_blocks:
-            # One head block of q, its loads issued first, then those of the positions and of
-            # the angle rows (which wait on the positions), so that their latencies overlap.
-            # Left to itself ptxas moves the positions' load and the rows' above q's and issues
-            # q's only once the positions have come: a program then has no byte of q in flight
-            # for one memory latency. A barrier is a point it does not move loads across
-            # (BAR.SYNC between the LDGs of q and of the positions in the SASS; it waits on no
-            # load).
-            x1, x2, xp = _load_tile(q_ptr, s_idx, s_mask, pid_b, pid_h, q_heads, q_sub,
-                                    rotary_dim, head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED,
-                                    INT64, BLOCK_H, HALF, PASS, ROW)
-            tl.debug_barrier()
-            t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
-                                seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
-                                cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
-            cos1, sin1, cos2, sin2 = _angles(q_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
-                                             t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
-                                             FAST_TRIG, INT64, HALF, ROW)
-            _store_tile(q_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b,
-                        pid_h, q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
-                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW)
+            _rotate_tile_x_first(
+                q_ptr, q_out_ptr, q_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
+                s_idx, s_mask, pid_b, pid_h, q_heads, q_sub, rotary_dim, head_dim, seq_len,
+                q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
+                t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
+                ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
+                BLOCK_H, HALF, PASS, ROW)
         elif pid_h < q_blocks + k_blocks:
-            # One head block of k, likewise.
-            x1, x2, xp = _load_tile(k_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads,
-                                    k_sub, rotary_dim, head_dim, k_s, k_b, k_g, k_u, k_d,
-                                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
-            tl.debug_barrier()
-            t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
-                                seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
-                                cp_rank, ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
-            cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
-                                             t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
-                                             FAST_TRIG, INT64, HALF, ROW)
-            _store_tile(k_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b,
-                        pid_h - q_blocks, k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g,
-                        ko_u, ko_d, INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
+            _rotate_tile_x_first(
+                k_ptr, k_out_ptr, k_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
+                s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads, k_sub, rotary_dim, head_dim,
+                seq_len, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
+                t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
+                ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
+                BLOCK_HK, HALF, PASS, ROW)
         elif HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
                        v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
