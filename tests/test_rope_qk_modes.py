@@ -112,6 +112,24 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
     return q, k, want, lambda x: x.reshape(tokens, -1, head_size), run
 
 
+BOTH_WAYS = ("q", "k", "q in place", "k in place")
+
+
+def _both_ways(run, q, k):
+    """``run`` (``_q_k_call``'s) into NaN-poisoned outputs, then in place on copies of q and k,
+    each planned afresh (rope_qk's plan table emptied before): the four results (``BOTH_WAYS``)
+    and the two plans."""
+    rope_qk._PLANS.clear()
+    q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    run(q_out, k_out)
+    (out_plan,) = rope_qk._PLANS.values()
+    rope_qk._PLANS.clear()
+    q_in, k_in = q.clone(), k.clone()
+    run(q_in, k_in, q_in, k_in)  # in place
+    (in_plan,) = rope_qk._PLANS.values()
+    return (q_out, k_out, q_in, k_in), out_plan, in_plan
+
+
 @pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
 def test_in_place_leaves_the_channels_past_rotary_dim(mode, call, seed):
     """In place with part of the head rotated (12 of 20 channels), the plan is that of heads
@@ -791,17 +809,11 @@ def test_program_order_by_part(call, block_s, block_hk, seed, monkeypatch):
     for parts_outer in (True, False):
         monkeypatch.setattr(rope_qk, "PARTS_OUTER", parts_outer)
         monkeypatch.setattr(rope_qk, "_PLANS", {})
-        q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
-        run(q_out, k_out)
-        (plan,) = rope_qk._PLANS.values()
+        results[parts_outer], plan, _ = _both_ways(run, q, k)
         assert plan.constexprs["PARTS_OUTER"] == parts_outer
-        q_in, k_in = q.clone(), k.clone()
-        run(q_in, k_in, q_in, k_in)  # in place
-        results[parts_outer] = (q_out, k_out, q_in, k_in)
-    for got, before, name in zip(results[True], results[False], ("q", "k", "q in place",
-                                                                 "k in place")):
+    for got, before, name in zip(results[True], results[False], BOTH_WAYS):
         assert torch.equal(got, before), name
-    for got, ref, name in zip(results[True], want * 2, ("q", "k", "q in place", "k in place")):
+    for got, ref, name in zip(results[True], want * 2, BOTH_WAYS):
         assert_rope_close(rows(got), rows(ref), torch.float32, name)
 
 
@@ -832,20 +844,12 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
     for flag in (True, False):
         monkeypatch.setattr(rope_qk, "LOADS_BEFORE_POSITIONS", flag)
         monkeypatch.setattr(rope_qk, "_PLANS", {})
-        q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
-        run(q_out, k_out)
-        (plan,) = rope_qk._PLANS.values()
-        assert plan.constexprs["X_FIRST"] == flag
-        c = plan.constexprs
+        results[flag], out_plan, in_plan = _both_ways(run, q, k)
+        c = out_plan.constexprs
+        assert c["X_FIRST"] == flag
         peeled |= c["X_FIRST"] and c["ALL_HEADS"] and not c["LOADS_FIRST"]
-        rope_qk._PLANS.clear()
-        q_in, k_in = q.clone(), k.clone()
-        run(q_in, k_in, q_in, k_in)  # in place
-        (plan,) = rope_qk._PLANS.values()
-        assert plan.constexprs["X_FIRST"] == (flag and rotary_dim == head_size)
-        results[flag] = (q_out, k_out, q_in, k_in)
-    names = ("q", "k", "q in place", "k in place")
-    for got, before, name in zip(results[True], results[False], names):
+        assert in_plan.constexprs["X_FIRST"] == (flag and rotary_dim == head_size)
+    for got, before, name in zip(results[True], results[False], BOTH_WAYS):
         if peeled and not INTERPRETED:
             # Programs of all heads rotate q's first block apart from their loop, and compiled
             # code may contract that block's products into fused multiply-adds otherwise than
@@ -856,5 +860,5 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
             torch.testing.assert_close(got, before, rtol=2**-20, atol=2**-20, msg=name)
         else:
             assert torch.equal(got, before), name
-    for got, ref, name in zip(results[True], want * 2, names):
+    for got, ref, name in zip(results[True], want * 2, BOTH_WAYS):
         assert_rope_close(rows(got), rows(ref), torch.float32, name)
