@@ -12,8 +12,9 @@ the tile's loads first, ptxas issues the tile's loads only after the position ha
 of a program of one head block: LDG of the position, wait, LDG of the cache row, LDG.128 of the
 tile), so each program spends one memory latency with nothing of q or k in flight. The file now
 issues the tile's loads first, with a barrier before the positions' load (a point ptxas does not
-move loads across), where ``rope_qk._x_first`` says so. This times both files' calls in one process, each through its own plan table
-and the package's launcher: bf16 32 q / 8 k heads of 128,
+move loads across), where ``rope_qk._x_first`` says so. This times both files' calls in one
+process, each through its own plan table and the package's launcher: bf16 32 q / 8 k heads of
+128,
 
 - 16 sequences of 512-4096 tokens (168-1343 MB): the cache out of place and in place, Hugging
   Face's call (a control: no positions, so no barrier, the same program), a copy of the same
