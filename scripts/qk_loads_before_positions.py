@@ -52,7 +52,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_size_scan import fit, same  # noqa: E402
+from qk_size_scan import fit, provenance, same  # noqa: E402
 from rope_kernels import _launch, bench, rope_qk  # noqa: E402
 
 SEQ_LENS = (512, 1024, 2048, 4096)
@@ -260,14 +260,10 @@ def main(argv=None):
               f"({gbps / copy_gbps:.3f} of copy)")
     # The decode-sized call: GPU time alone, and back to back from Python.
     decode = {} if args.half_rotary else decode_times(modules, args.rounds)
-    record = dict(provenance=bench.provenance(copy_gbps, "qk_loads_before_positions"), rows=rows,
-                  fits=fits, decode=decode,
-                  differences=DIFFERENCES)
-    record["provenance"]["command"] = (f"python scripts/qk_loads_before_positions.py --before "
-                                       f"{args.before.name} --rounds {args.rounds}"
-                                       + (" --half-rotary" if args.half_rotary else ""))
-    record["provenance"]["source_commit"] = bench.source_commit()
-    record["provenance"]["source_digest"] = bench.source_digest()
+    command = (f"python scripts/qk_loads_before_positions.py --before {args.before.name} "
+               f"--rounds {args.rounds}" + (" --half-rotary" if args.half_rotary else ""))
+    record = dict(provenance=provenance(copy_gbps, "qk_loads_before_positions", command),
+                  rows=rows, fits=fits, decode=decode, differences=DIFFERENCES)
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 

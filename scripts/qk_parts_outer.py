@@ -32,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_size_scan import every_plan, forced, same  # noqa: E402
+from qk_size_scan import every_plan, forced, provenance, same  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 
 
@@ -112,10 +112,10 @@ def main(argv=None):
     if args.every_plan:
         rope_qk._parts_outer = every_plan
     copy_gbps = bench.copy_bandwidth_gbps()
-    record = dict(provenance=bench.provenance(copy_gbps, "qk_parts_outer"), rows=[])
-    record["provenance"].update(
-        command="python scripts/qk_parts_outer.py " + " ".join(argv or sys.argv[1:]),
-        source_commit=bench.source_commit(), source_digest=bench.source_digest())
+    record = dict(provenance=provenance(copy_gbps, "qk_parts_outer",
+                                        "python scripts/qk_parts_outer.py "
+                                        + " ".join(argv or sys.argv[1:])),
+                  rows=[])
     jobs = [j for j in bench.benchmark_jobs("full", entries=True)
             if j[2] in args.only.split(",") and not j[4]]
     for sweep, kw, fmt, dtype, _ in jobs:

@@ -196,6 +196,15 @@ def calls(seq_len):
     return fns, p, same_bits
 
 
+def provenance(copy_gbps: float, mode: str, command: str) -> dict:
+    """``bench.provenance`` (which records the checkout's commit and source digest) with the
+    script's command line, and the commit again as ``source_commit``, the name these scripts'
+    records give it."""
+    record = bench.provenance(copy_gbps, mode)
+    record.update(command=command, source_commit=record["commit"])
+    return record
+
+
 def fit(sizes_bytes, times_us):
     """Least-squares line time = intercept + bytes / bandwidth: (intercept us, bandwidth GB/s)."""
     n = len(sizes_bytes)
@@ -240,10 +249,9 @@ def main(argv=None):
         fits[name] = dict(intercept_us=intercept, slope_gbps=gbps, slope_of_copy=gbps / copy_gbps)
         print(f"{name:16s} time = {intercept:5.2f} us + bytes / {gbps:6.0f} GB/s "
               f"({gbps / copy_gbps:.3f} of copy)")
-    record = dict(provenance=bench.provenance(copy_gbps, "qk_size_scan"), rows=rows, fits=fits)
-    record["provenance"]["command"] = f"python scripts/qk_size_scan.py --rounds {args.rounds}"
-    record["provenance"]["source_commit"] = bench.source_commit()
-    record["provenance"]["source_digest"] = bench.source_digest()
+    record = dict(provenance=provenance(copy_gbps, "qk_size_scan",
+                                        f"python scripts/qk_size_scan.py --rounds {args.rounds}"),
+                  rows=rows, fits=fits)
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
