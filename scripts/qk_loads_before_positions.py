@@ -149,27 +149,28 @@ def differences(p, after, before) -> dict:
     return result
 
 
-def check_same(fns: dict, p) -> dict:
+def check_same(fns: dict, p, modules: dict, differences_found: list) -> dict:
     """Each call's results, after and before, equal bit for bit (in place: one call each on
-    copies of the same inputs); where they do not, ``differences`` (in DIFFERENCES)."""
+    copies of the same inputs, through ``modules``' functions); where they do not, their
+    ``differences`` are appended to ``differences_found``."""
     result = {}
     for name in [n[:-len(" after")] for n in fns if n.endswith(" after")]:
         if "in place" in name:
             outs = []
             for key in ("after", "before"):
                 q, k = p.tokens(p.q).clone(), p.tokens(p.k).clone()
-                module = rope_qk if key == "after" else BEFORE
+                module = modules[key]
                 outs.append(module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache,
                                                       not p.interleaved, query_out=q, key_out=k))
         else:
             outs = [fns[f"{name} {key}"]() for key in ("after", "before")]
         result[name] = same(*outs)
         if not result[name] and name.startswith("cache"):
-            DIFFERENCES.append(dict(call=name, seq_len=p.seq_len, heads=p.heads,
-                                    k_heads=p.k_heads, head_dim=p.head_dim,
-                                    interleaved=p.interleaved, dtype=p.dtype_name,
-                                    **differences(p, *outs)))
-            print(f"  {name}: {DIFFERENCES[-1]}")
+            differences_found.append(dict(call=name, seq_len=p.seq_len, heads=p.heads,
+                                          k_heads=p.k_heads, head_dim=p.head_dim,
+                                          interleaved=p.interleaved, dtype=p.dtype_name,
+                                          **differences(p, *outs)))
+            print(f"  {name}: {differences_found[-1]}")
     return result
 
 
@@ -205,12 +206,7 @@ def decode_times(modules: dict, rounds: int) -> dict:
     return decode
 
 
-BEFORE = None
-DIFFERENCES = []
-
-
 def main(argv=None):
-    global BEFORE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=pathlib.Path, required=True)
     parser.add_argument("--out", type=pathlib.Path, default=None)
@@ -218,8 +214,8 @@ def main(argv=None):
     parser.add_argument("--half-rotary", action="store_true",
                         help="only HALF_ROTARY_SHAPES (and no decode)")
     args = parser.parse_args(argv)
-    BEFORE = load_before(args.before)
-    modules = {"after": rope_qk, "before": BEFORE}
+    modules = {"after": rope_qk, "before": load_before(args.before)}
+    differences_found = []
     copy_gbps = bench.copy_bandwidth_gbps()
     rows = []
     for shape in HALF_ROTARY_SHAPES if args.half_rotary else SHAPES:
@@ -228,7 +224,7 @@ def main(argv=None):
         src = torch.empty(nbytes // 2 // 4, dtype=torch.float32, device="cuda").uniform_()
         dst = torch.empty_like(src)
         fns["copy_same"] = lambda: dst.copy_(src)
-        same_bits = check_same(fns, p)
+        same_bits = check_same(fns, p, modules, differences_found)
         fractions = bench.shuffled_rounds(fns, nbytes, copy_gbps, args.rounds,
                                           timer=bench.time_ms_host_ahead)
         r = ratios(fractions)
@@ -263,7 +259,7 @@ def main(argv=None):
     command = (f"python scripts/qk_loads_before_positions.py --before {args.before.name} "
                f"--rounds {args.rounds}" + (" --half-rotary" if args.half_rotary else ""))
     record = dict(provenance=provenance(copy_gbps, "qk_loads_before_positions", command),
-                  rows=rows, fits=fits, decode=decode, differences=DIFFERENCES)
+                  rows=rows, fits=fits, decode=decode, differences=differences_found)
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
