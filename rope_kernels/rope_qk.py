@@ -399,8 +399,10 @@ def _store_tile(
         c = tl.arange(0, ROW)
         if INT64:
             c = c.to(tl.int64)
-        y = (x1.to(tl.float32) * _per_row(cos1, BLOCK_H)
-             + x2.to(tl.float32) * _per_row(sin1, BLOCK_H))
+        # One formula for every plan (see the pairs' below): x * cos fused, the partner's term
+        # rounded first. The same bits as the pairs' tile, whichever program shape runs.
+        y = tl.fma(x1.to(tl.float32), _per_row(cos1, BLOCK_H),
+                   x2.to(tl.float32) * _per_row(sin1, BLOCK_H))
         tl.store(out_ptr + o_row + c[None, :] * o_d, y.to(out_ptr.dtype.element_ty),
                  mask=row_mask & (c < head_dim)[None, :])
     else:
@@ -413,8 +415,12 @@ def _store_tile(
         else:
             x1 = x1.to(tl.float32)
             x2 = x2.to(tl.float32)
-        y1 = x1 * cos1[:, None, :] - x2 * sin1[:, None, :]
-        y2 = x2 * cos2[:, None, :] + x1 * sin2[:, None, :]
+        # Written as fma so that every plan computes the same bits: left as x1 * cos - x2 * sin,
+        # the compiler contracts one product or the other into the fma depending on the code
+        # around it, so that a program shape (all heads, q's first block apart, in place with
+        # the heads narrowed) could differ from another in the last bit.
+        y1 = tl.fma(x1, cos1[:, None, :], x2 * sin1[:, None, :] * -1.0)  # (-1.0: an exact neg)
+        y2 = tl.fma(x2, cos2[:, None, :], x1 * sin2[:, None, :])
         if INTERLEAVED == 2:
             _store_pairs(out_ptr, o_row + j[None, None, :], y1, y2, mask)
         elif INTERLEAVED:
