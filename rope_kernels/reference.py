@@ -184,3 +184,32 @@ def rope_reference(
                                                         start), interleaved))
         return torch.cat(pieces).squeeze(1)
     raise ValueError(f"tensor_format must be 'sbhd', 'bshd' or 'thd', got {tensor_format!r}")
+
+
+def cos_sin_cache_reference(positions: torch.Tensor, x: torch.Tensor, head_size: int,
+                            cos_sin_cache: torch.Tensor, is_neox: bool = True) -> torch.Tensor:
+    """FlashInfer's ``apply_rope_with_cos_sin_cache`` for one of q or k, in float64.
+
+    Args:
+        positions: int ``[num_tokens]``, any order: each token's row of the cache.
+        x: ``[num_tokens, heads * head_size]`` (query or key).
+        cos_sin_cache: ``[max_position, rotary_dim]``: a row holds the cos of the rotary_dim / 2
+            pairs, then their sin.
+        is_neox: half-split pairs (channel j with j + rotary_dim / 2); False: interleaved pairs
+            (2j with 2j + 1).
+
+    Returns x rotated, float64 ``[num_tokens, heads * head_size]``; the channels past rotary_dim
+    as they were. Performs no input validation."""
+    n = x.shape[0]
+    x = x.double().reshape(n, -1, head_size)
+    cos, sin = cos_sin_cache.double()[positions.long()].chunk(2, dim=-1)  # [T, R/2] each
+    cos, sin = cos[:, None], sin[:, None]
+    rotary_dim = cos_sin_cache.shape[1]
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rot, rest), dim=-1).reshape(n, -1)

@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from qk_size_scan import fit, provenance, same  # noqa: E402
 from rope_kernels import _launch, bench, rope_qk  # noqa: E402
+from rope_kernels.reference import cos_sin_cache_reference  # noqa: E402
 
 SEQ_LENS = (512, 1024, 2048, 4096)
 BATCH, Q_HEADS, K_HEADS, HEAD_DIM = 16, 32, 8, 128
@@ -114,26 +115,9 @@ def calls(modules: dict, shape: dict):
 
 
 def reference(p, q: torch.Tensor, k: torch.Tensor):
-    """The cache call's results in float64: q, k [tokens, heads * d] rotated by rows
-    ``positions`` of the cache (cos in the first half of a row, sin in the second)."""
-    rows = p.cache.double()[p.positions]
-    half = rows.shape[-1] // 2
-    cos, sin = rows[:, None, :half], rows[:, None, half:]
-    out = []
-    for x in (q, k):
-        x = x.double().view(x.shape[0], -1, p.head_dim)
-        if p.interleaved:
-            x1, x2 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        else:
-            x1, x2 = x[..., :half], x[..., half:2 * half]
-        y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-        y = x.clone()
-        if p.interleaved:
-            y[..., 0:2 * half:2], y[..., 1:2 * half:2] = y1, y2
-        else:
-            y[..., :half], y[..., half:2 * half] = y1, y2
-        out.append(y.view(x.shape[0], -1))
-    return out
+    """The cache call's results in float64 (``rope_kernels.reference``): q and k rotated."""
+    return [cos_sin_cache_reference(p.positions, x, p.head_dim, p.cache, not p.interleaved)
+            for x in (q, k)]
 
 
 def differences(p, after, before) -> dict:

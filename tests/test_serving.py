@@ -11,6 +11,7 @@ import torch
 from conftest import DEVICE, ON_GPU, assert_rope_close, randn
 from rope_kernels import (_validate, apply_rope_with_cos_sin_cache,
                           apply_rope_with_cos_sin_cache_inplace, rope_qk)
+from rope_kernels.reference import cos_sin_cache_reference
 
 
 def make_cache(max_position: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -20,20 +21,7 @@ def make_cache(max_position: int, rotary_dim: int, base: float = 10000.0) -> tor
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(DEVICE)
 
 
-def reference(positions, x, head_size, cache, is_neox):
-    """float64: x [T, H * D] rotated at per-token positions."""
-    n = x.shape[0]
-    x = x.double().reshape(n, -1, head_size)
-    cos, sin = cache.double()[positions.long()].chunk(2, dim=-1)  # [T, R/2] each
-    cos, sin = cos[:, None], sin[:, None]
-    rot, rest = x[..., : cache.shape[1]], x[..., cache.shape[1]:]
-    if is_neox:
-        x1, x2 = rot.chunk(2, dim=-1)
-        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((rot, rest), dim=-1).reshape(n, -1)
+reference = cos_sin_cache_reference  # float64: x [T, H * D] rotated at per-token positions
 
 
 SHAPES = ([(64, 32, 8, 128, 128), (300, 12, 4, 64, 32), (7, 4, 4, 96, 64)] if ON_GPU
