@@ -802,7 +802,8 @@ def test_every_program_shape_the_same_bits(call, rotary_dim, seed, monkeypatch):
     The rotation is written as fused multiply-adds; left to contract ``x1 * cos - x2 * sin`` and
     ``x2 * cos + x1 * sin`` itself, the compiler fused one product or the other depending on the
     code around it, and in place (heads narrowed) differed from out of place (q's first block
-    apart) in the last bit at 6 of 108 shapes of tests/test_serving.py on an H200."""
+    apart) in the last bit in 6 of the 36 cases of tests/test_serving.py's
+    test_matches_reference_out_of_place_and_in_place on an H200."""
     q, k, want, rows, run = _q_k_call(call, 7, 5, 3, 20, rotary_dim, seed)
     first = None
     for m in MODES:
