@@ -129,6 +129,23 @@ def _both_ways(run, q, k):
     return (q_out, k_out, q_in, k_in), out_plan, in_plan
 
 
+def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows):
+    """``_both_ways`` with rope_qk's module switch ``switch`` on, then off: asserts that the
+    four results are the same bits either way and that those with it on match the float64
+    references ``want`` (through ``rows``). Returns the results and the plans (out of place,
+    in place) with it on and with it off, keyed by the switch."""
+    results, plans = {}, {}
+    for flag in (True, False):
+        monkeypatch.setattr(rope_qk, switch, flag)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        results[flag], *plans[flag] = _both_ways(run, q, k)
+    for got, before, name in zip(results[True], results[False], BOTH_WAYS):
+        assert torch.equal(got, before), name
+    for got, ref, name in zip(results[True], want * 2, BOTH_WAYS):
+        assert_rope_close(rows(got), rows(ref), torch.float32, name)
+    return results, plans
+
+
 @pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
 def test_in_place_leaves_the_channels_past_rotary_dim(mode, call, seed):
     """In place with part of the head rotated (12 of 20 channels), the plan is that of heads
@@ -828,16 +845,9 @@ def test_program_order_by_part(call, block_s, block_hk, seed, monkeypatch):
     monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(
         block_s=block_s, block_h=2, block_hk=block_hk, num_warps=2, all_heads=False))
     q, k, want, rows, run = _q_k_call(call, tokens, q_heads, k_heads, head_size, head_size, seed)
-    results = {}
-    for parts_outer in (True, False):
-        monkeypatch.setattr(rope_qk, "PARTS_OUTER", parts_outer)
-        monkeypatch.setattr(rope_qk, "_PLANS", {})
-        results[parts_outer], plan, _ = _both_ways(run, q, k)
+    _, plans = _switch_both_ways(monkeypatch, "PARTS_OUTER", run, q, k, want, rows)
+    for parts_outer, (plan, _) in plans.items():
         assert plan.constexprs["PARTS_OUTER"] == parts_outer
-    for got, before, name in zip(results[True], results[False], BOTH_WAYS):
-        assert torch.equal(got, before), name
-    for got, ref, name in zip(results[True], want * 2, BOTH_WAYS):
-        assert_rope_close(rows(got), rows(ref), torch.float32, name)
 
 
 def test_loads_before_positions_rule(monkeypatch):
@@ -864,19 +874,13 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
     tokens, q_heads, k_heads, head_size = 7, 5, 3, 20
     q, k, want, rows, run = _q_k_call("cache half-split", tokens, q_heads, k_heads, head_size,
                                       rotary_dim, seed)
-    results = {}
-    for flag in (True, False):
-        monkeypatch.setattr(rope_qk, "LOADS_BEFORE_POSITIONS", flag)
-        monkeypatch.setattr(rope_qk, "_PLANS", {})
-        results[flag], out_plan, in_plan = _both_ways(run, q, k)
-        assert out_plan.constexprs["X_FIRST"] == flag
-        assert in_plan.constexprs["X_FIRST"] == (flag and rotary_dim == head_size)
     # The same bits every way: the rotation is written as fused multiply-adds, so that neither
     # the order of the loads nor q's first block rotated apart from the loop (all heads) nor
     # the narrowed heads of in place (no X_FIRST) lets the compiler contract it otherwise.
-    for got, before, name in zip(results[True], results[False], BOTH_WAYS):
-        assert torch.equal(got, before), name
+    results, plans = _switch_both_ways(monkeypatch, "LOADS_BEFORE_POSITIONS", run, q, k, want,
+                                       rows)
+    for flag, (out_plan, in_plan) in plans.items():
+        assert out_plan.constexprs["X_FIRST"] == flag
+        assert in_plan.constexprs["X_FIRST"] == (flag and rotary_dim == head_size)
     q_out, k_out, q_in_place, k_in_place = results[True]
     assert torch.equal(q_in_place, q_out) and torch.equal(k_in_place, k_out), "in place"
-    for got, ref, name in zip(results[True], want * 2, BOTH_WAYS):
-        assert_rope_close(rows(got), rows(ref), torch.float32, name)
