@@ -514,8 +514,9 @@ def rope_2d_kernel(
         cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
                                 f_stride_s, f_stride_d, s_mask[:, None] & rotated[None, :],
                                 BACKWARD, FAST_TRIG, GATHER_SINES, BLOCK_S, ROW)
-        y = (xr.to(tl.float32) * _per_row(cos, BLOCK_B * BLOCK_H)
-             + xq.to(tl.float32) * _per_row(sin, BLOCK_B * BLOCK_H))
+        # fma as in the pairs' tile below: x * cos fused, the partner's term rounded first.
+        y = tl.fma(xr.to(tl.float32), _per_row(cos, BLOCK_B * BLOCK_H),
+                   xq.to(tl.float32) * _per_row(sin, BLOCK_B * BLOCK_H))
         tl.store(out_ptr + o_sbh + c[None, :] * o_stride_d,
                  y.to(out_ptr.dtype.element_ty), mask=row_mask & (c < head_dim)[None, :])
     else:
@@ -532,8 +533,11 @@ def rope_2d_kernel(
         sin1 = _per_row(sin1, BLOCK_B * BLOCK_H)
         cos2 = _per_row(cos2, BLOCK_B * BLOCK_H)
         sin2 = _per_row(sin2, BLOCK_B * BLOCK_H)
-        y1 = x1 * cos1 - x2 * sin1
-        y2 = x2 * cos2 + x1 * sin2
+        # Written as fma so that every plan gives the same bits (whole rows or the pairs' tile,
+        # in place with the heads narrowed or not): left as x1 * cos - x2 * sin and x2 * cos +
+        # x1 * sin, the compiler picks which product to fuse from the code around it.
+        y1 = tl.fma(x1, cos1, x2 * sin1 * -1.0)  # (-1.0: an exact negation)
+        y2 = tl.fma(x2, cos2, x1 * sin2)
         if PAIRS_AS_WORDS:
             _store_pairs(out_ptr, o_sbh + j[None, :], y1, y2, mask)
         elif INTERLEAVED:

@@ -264,6 +264,40 @@ def test_rope_2d_in_place_leaves_the_channels_past_rotary_dim(fmt, interleaved, 
 
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [12, 20])
+@pytest.mark.parametrize("backward", [False, True])
+def test_rope_2d_every_plan_the_same_bits(fmt, dtype, rotary_dim, backward, seed, monkeypatch):
+    """rope_2d with whole rows and with the pairs' tile, out of place and in place (heads
+    narrowed where part of the head is rotated), 20 or 12 of 20 channels rotated: the same bits
+    every way, the float64 rotation within the dtype's tolerance; interleaved pairs (the pairs'
+    tile only) out of place and in place alike. The kernel writes its rotation as fused
+    multiply-adds: left to contract ``x1 * cos - x2 * sin`` itself, a compiler fuses one product
+    or the other depending on the code around it."""
+    r2 = importlib.import_module("rope_kernels.rope_2d")
+    monkeypatch.setattr(r2, "_PLANS", {})
+    shape = (14, 3, 20) if fmt == "thd" else (7, 2, 3, 20)
+    cu = torch.tensor([0, 5, 14], dtype=torch.int32, device=DEVICE) if fmt == "thd" else None
+    t = randn(shape, dtype, seed)
+    for interleaved, layouts in ((False, (False, True)), (True, (False,))):
+        freqs = RotaryPositionEmbedding(rotary_dim, interleaved=interleaved,
+                                        device=DEVICE)(16)
+        ref = rope_reference(t.double(), -freqs if backward else freqs, fmt, None, interleaved,
+                             cu)
+        results = []
+        for whole_rows in layouts:
+            kw = dict(interleaved=interleaved, cu_seqlens=cu, backward=backward,
+                      config=dict(whole_rows=whole_rows))
+            results.append(rope_2d(t, freqs, fmt, **kw))
+            x = t.clone()
+            rope_2d(x, freqs, fmt, out=x, **kw)
+            results.append(x)
+        assert_rope_close(results[0], ref, dtype, f"interleaved={interleaved}")
+        for i, got in enumerate(results[1:], 1):
+            assert torch.equal(got, results[0]), (interleaved, i)
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cp_size", [1, 2])
 @pytest.mark.parametrize("rotary_dim", [12, 16])
 def test_rope_2d_whole_rows(fmt, dtype, cp_size, rotary_dim, seed):
