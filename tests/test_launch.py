@@ -973,11 +973,31 @@ import torch
 import rope_kernels
 from rope_kernels import hf
 
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mul_add(a_ptr, b_ptr, c_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(y_ptr + i, tl.load(a_ptr + i, mask=m) * tl.load(b_ptr + i, mask=m)
+             + tl.load(c_ptr + i, mask=m), mask=m)
+
+
+options = {"enable_fp_fusion": True}
 if sys.argv[2] == "unpinned":
+    options = {}
     for name in ("rope_kernels.rope_2d", "rope_kernels.rope_qk"):
         importlib.import_module(name).LAUNCH_OPTIONS.clear()
 g = torch.Generator(device="cuda").manual_seed(0)
 out = {}
+# The control's own kernel: a * b + c, fused or not as the options and the environment say (the
+# package's kernels write their rotations as tl.fma, which no setting unfuses).
+a, b, c = (torch.randn(1 << 16, device="cuda", generator=g) for _ in range(3))
+y = torch.empty_like(a)
+mul_add[(64,)](a, b, c, y, a.numel(), BLOCK=1024, **options)
+out["mul_add"] = y
 for dtype in (torch.float32, torch.bfloat16):
     rnd = lambda *shape: torch.randn(shape, device="cuda", dtype=dtype, generator=g)
     freqs = rope_kernels.RotaryPositionEmbedding(64)(256).cuda()
@@ -1007,7 +1027,8 @@ def test_fused_multiply_adds_stay_on_whatever_tritons_default(tmp_path):
     launch), the default of Triton 3.6-3.9, which 3.9 warns turns off in 3.10: with
     TRITON_DEFAULT_FP_FUSION=0 (3.10's default, early) every entry point gives the same bits as
     with Triton's default, and no launch leaves Triton to choose (3.9's warning). Control: with the
-    package's options emptied, the same setting changes some results, so the comparison can fail."""
+    package's options emptied, the same setting changes some results (a * b + c of the script's
+    own kernel, launched without the option, at least), so the comparison can fail."""
     import os
     import subprocess
     import sys
