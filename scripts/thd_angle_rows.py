@@ -47,8 +47,9 @@ PER_TOKEN = """\
         cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
                                 f_stride_s, f_stride_d, s_mask[:, None] & rotated[None, :],
                                 BACKWARD, FAST_TRIG, GATHER_SINES, BLOCK_S, ROW)
-        y = (xr.to(tl.float32) * _per_row(cos, BLOCK_B * BLOCK_H)
-             + xq.to(tl.float32) * _per_row(sin, BLOCK_B * BLOCK_H))
+        # fma as in the pairs' tile below: x * cos fused, the partner's term rounded first.
+        y = tl.fma(xr.to(tl.float32), _per_row(cos, BLOCK_B * BLOCK_H),
+                   xq.to(tl.float32) * _per_row(sin, BLOCK_B * BLOCK_H))
 """
 # The candidates: an [ANGLE_ROWS, ROW] tile whose row i holds token i % BLOCK_S (its table row
 # loaded again for each), broadcast to the ROWS rows; ANGLE_ROWS == ROWS: every row its own.
@@ -61,8 +62,8 @@ PER_ANGLE_ROW = """\
                                     rotary_dim, f_stride_s, f_stride_d,
                                     sa_mask[:, None] & rotated[None, :], BACKWARD, FAST_TRIG,
                                     GATHER_SINES, ANGLE_ROWS, ROW)
-            y = (xr.to(tl.float32) * _per_row(cos, ROWS // ANGLE_ROWS)
-                 + xq.to(tl.float32) * _per_row(sin, ROWS // ANGLE_ROWS))
+            y = tl.fma(xr.to(tl.float32), _per_row(cos, ROWS // ANGLE_ROWS),
+                       xq.to(tl.float32) * _per_row(sin, ROWS // ANGLE_ROWS))
         else:
 """ + "".join("    " + line for line in PER_TOKEN.splitlines(True))
 
