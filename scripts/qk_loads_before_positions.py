@@ -52,7 +52,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_size_scan import fit, provenance, same  # noqa: E402
+from qk_size_scan import HOST_AHEAD_TIMING, fit, provenance, same  # noqa: E402
 from rope_kernels import _launch, bench, rope_qk  # noqa: E402
 from rope_kernels.reference import cos_sin_cache_reference  # noqa: E402
 
@@ -242,7 +242,8 @@ def main(argv=None):
     decode = {} if args.half_rotary else decode_times(modules, args.rounds)
     command = (f"python scripts/qk_loads_before_positions.py --before {args.before.name} "
                f"--rounds {args.rounds}" + (" --half-rotary" if args.half_rotary else ""))
-    record = dict(provenance=provenance(copy_gbps, "qk_loads_before_positions", command),
+    record = dict(provenance=provenance(copy_gbps, "qk_loads_before_positions", command,
+                                        HOST_AHEAD_TIMING),
                   rows=rows, fits=fits, decode=decode, differences=differences_found)
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -196,12 +196,23 @@ def calls(seq_len):
     return fns, p, same_bits
 
 
-def provenance(copy_gbps: float, mode: str, command: str) -> dict:
+# The timing of the A/B scripts that time with ``bench.time_ms_host_ahead`` (bench.provenance's
+# own "timing" describes the benchmark's do_bench).
+HOST_AHEAD_TIMING = ("bench.time_ms_host_ahead median (L2 flushed per call, the GPU kept busy "
+                     "after each flush so that the host is ahead and the time is the GPU's "
+                     "alone), every call once a round in shuffled rounds; decode per_call_us: "
+                     "back-to-back calls timed with CUDA events (bench.time_per_call_us), "
+                     "Python launch included, through the script's module copies and launcher")
+
+
+def provenance(copy_gbps: float, mode: str, command: str, timing: str | None = None) -> dict:
     """``bench.provenance`` (which records the checkout's commit and source digest) with the
     script's command line, and the commit again as ``source_commit``, the name these scripts'
-    records give it."""
+    records give it; ``timing``, if given, replaces the benchmark's description of its timer."""
     record = bench.provenance(copy_gbps, mode)
     record.update(command=command, source_commit=record["commit"])
+    if timing is not None:
+        record["timing"] = timing
     return record
 
 

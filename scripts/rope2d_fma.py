@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_size_scan import provenance, same  # noqa: E402
+from qk_size_scan import HOST_AHEAD_TIMING, provenance, same  # noqa: E402
 from rope_kernels import _launch, bench  # noqa: E402
 
 after_module = sys.modules["rope_kernels.rope_2d"]  # (the package exports the function)
@@ -129,7 +129,7 @@ def main(argv=None):
     print(f"after / before: median {statistics.median(ratios):.3f}, "
           f"{min(ratios):.3f}-{max(ratios):.3f} over {len(rows)} calls")
     command = f"python scripts/rope2d_fma.py --before {args.before.name} --rounds {args.rounds}"
-    record = dict(provenance=provenance(copy_gbps, "rope2d_fma", command), rows=rows)
+    record = dict(provenance=provenance(copy_gbps, "rope2d_fma", command, HOST_AHEAD_TIMING), rows=rows)
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
