@@ -40,7 +40,6 @@ are compared bit for bit.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import statistics
@@ -53,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from qk_size_scan import HOST_AHEAD_TIMING, fit, provenance, same  # noqa: E402
-from rope_kernels import _launch, bench, rope_qk  # noqa: E402
+from qk_table_hint import module_copy  # noqa: E402
+from rope_kernels import bench, rope_qk  # noqa: E402
 from rope_kernels.reference import cos_sin_cache_reference  # noqa: E402
 
 SEQ_LENS = (512, 1024, 2048, 4096)
@@ -78,16 +78,6 @@ SHAPES = ([dict(seq_len=s, batch=BATCH, heads=Q_HEADS, k_heads=K_HEADS, head_dim
 HALF_ROTARY_SHAPES = [dict(seq_len=4096, batch=BATCH, heads=Q_HEADS, k_heads=K_HEADS,
                            head_dim=HEAD_DIM, rotary_percent=0.5, interleaved=i, hf=not i)
                       for i in (False, True)]
-
-
-def load_before(path: pathlib.Path):
-    """The kernel file at ``path`` as a module of its own (its own plan table), launched by the
-    package's launcher as rope_qk is."""
-    spec = importlib.util.spec_from_file_location("rope_qk_before", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.launch = _launch.thin_launch
-    return module
 
 
 def calls(modules: dict, shape: dict):
@@ -198,7 +188,7 @@ def main(argv=None):
     parser.add_argument("--half-rotary", action="store_true",
                         help="only HALF_ROTARY_SHAPES (and no decode)")
     args = parser.parse_args(argv)
-    modules = {"after": rope_qk, "before": load_before(args.before)}
+    modules = {"after": rope_qk, "before": module_copy("rope_qk_before", args.before)}
     differences_found = []
     copy_gbps = bench.copy_bandwidth_gbps()
     rows = []

@@ -78,8 +78,9 @@ def copy_qk_kernel(q_ptr, q_out_ptr, k_ptr, k_out_ptr, table_ptr, seq_len,
 
 
 def module_copy(name: str, path) -> object:
-    """The rope_qk source at ``path`` loaded as its own module ``name``, launched through the
-    package's thin launch as the package's own is (the scripts' A/B sides)."""
+    """The kernel file at ``path`` (a rope_qk.py or rope_2d.py) loaded as its own module ``name``,
+    with its own plan table, launched through the package's thin launch as the package's own is
+    (the scripts' A/B sides)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

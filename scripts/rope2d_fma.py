@@ -22,7 +22,6 @@ bits, and whether the new file's in-place result equals its out-of-place one.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import statistics
@@ -35,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from qk_size_scan import HOST_AHEAD_TIMING, provenance, same  # noqa: E402
-from rope_kernels import _launch, bench  # noqa: E402
+from qk_table_hint import module_copy  # noqa: E402
+from rope_kernels import bench  # noqa: E402
 
 after_module = sys.modules["rope_kernels.rope_2d"]  # (the package exports the function)
 
@@ -62,16 +62,6 @@ SHAPES = {
 }
 
 
-def load_before(path: pathlib.Path):
-    """The kernel file at ``path`` as a module of its own (its own plan table), launched by the
-    package's launcher as rope_2d is."""
-    spec = importlib.util.spec_from_file_location("rope_2d_before", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.launch = _launch.thin_launch
-    return module
-
-
 def run(module, p, x, backward, out=None):
     return module.rope_2d(x, p.freqs, p.tensor_format, interleaved=p.interleaved,
                           cu_seqlens=p.cu_seqlens, backward=backward, out=out)
@@ -83,7 +73,7 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    modules = {"after": after_module, "before": load_before(args.before)}
+    modules = {"after": after_module, "before": module_copy("rope_2d_before", args.before)}
     copy_gbps = bench.copy_bandwidth_gbps()
     rows = []
     for name, kw in SHAPES.items():
