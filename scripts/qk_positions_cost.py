@@ -137,11 +137,6 @@ def main(argv=None):
         raise SystemExit("Liger-Kernel is not importable: it is the peer this script measures")
     copy = bench.copy_bandwidth_gbps()
     rng = random.Random(0)
-    rows = []
-    for seq_len, direction in SHAPES:
-        for row in measure(seq_len, direction, copy, args.rounds, args.placements, rng):
-            print(json.dumps(row), flush=True)
-            rows.append(row)
     prov = bench.provenance(copy, "qk_positions_cost")
     prov.update(command=f"python scripts/qk_positions_cost.py --rounds {args.rounds} "
                         f"--placements {args.placements}",
@@ -151,7 +146,15 @@ def main(argv=None):
                        "over the rounds of the ratio within a round",
                 bytes="q and k read and written once + the float32 cos/sin rows of the positions "
                       "(as the benchmark counts the q+k problems, for every call here)")
-    args.out.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1) + "\n")
+    rows = []
+    for done, (seq_len, direction) in enumerate(SHAPES, 1):
+        for row in measure(seq_len, direction, copy, args.rounds, args.placements, rng):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        # Written after every problem, so that a run stopped by a time limit keeps what it measured
+        # (``complete`` says whether every problem was).
+        args.out.write_text(json.dumps({"provenance": prov, "complete": done == len(SHAPES),
+                                        "rows": rows}, indent=1) + "\n")
     print("wrote", args.out)
 
 
