@@ -1,13 +1,15 @@
-"""What FlashInfer's per-token positions cost the q+k kernel where Liger-Kernel leads (GPU only).
+"""What FlashInfer's per-token positions cost the q+k kernel, beside Liger-Kernel (GPU only).
 
     python scripts/qk_positions_cost.py [--out figures/qk_positions_cost_h200.json] [--rounds 9]
                                         [--placements 2]
 
-At q+k bf16 batch 1 (4096 tokens, 32 q / 8 k heads of 128, in place, 86 MB) Liger's kernel has
-led ours by up to about 1% in most recorded runs (``figures/peer_margins.json``). The two do not do
-quite the same job: our cos/sin-cache call reads each token's position from ``positions`` and
-then that row of the cache, a load that waits for another load, where Liger is given cos and sin
-already gathered per token (Hugging Face's convention) and reads the token's own row.
+At q+k bf16 batch 1 (4096 tokens, 32 q / 8 k heads of 128, in place, 86 MB) Liger's kernel led ours
+by up to about 2% in the recorded runs of 2026-11-26 and -27, before 0892ecc issued q's and k's
+loads ahead of the positions' (``figures/qk_positions_cost_h200_2026-11-26.json``; since then ours
+leads, ``figures/qk_positions_cost_h200.json``). The two do not do quite the same job: our
+cos/sin-cache call reads each token's position from ``positions`` and then that row of the cache, a
+load that waits for another load, where Liger is given cos and sin already gathered per token
+(Hugging Face's convention) and reads the token's own row.
 
 Here, on batch-1 problems whose positions are 0, 1, 2, ... (so the token index is the position,
 and the outputs must be equal to the bit): our in-place cache call as the package makes it, the
