@@ -22,6 +22,7 @@ bits, and whether the new file's in-place result equals its out-of-place one.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import pathlib
 import statistics
@@ -37,7 +38,7 @@ from qk_size_scan import HOST_AHEAD_TIMING, provenance, same  # noqa: E402
 from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels import bench  # noqa: E402
 
-after_module = sys.modules["rope_kernels.rope_2d"]  # (the package exports the function)
+after_module = importlib.import_module("rope_kernels.rope_2d")  # the package exports the function
 
 # name -> bench.Problem arguments (sbhd bf16, 4096 x 16, 32 heads of 128 unless said) and
 # "in_place"
@@ -84,16 +85,15 @@ def main(argv=None):
             x = p.grad if backward else p.t
             fns, results = {}, {}
             for key, module in modules.items():
+                results[key] = run(module, p, x, backward)
                 if in_place:  # each file rotates its own copy again and again: the same work
                     y = x.clone()
                     fns[key] = lambda m=module, y=y: run(m, p, y, backward, out=y)
-                    results[key] = run(module, p, x.clone(), backward, out=None)
                     z = x.clone()
                     run(module, p, z, backward, out=z)
                     results[key + " in place"] = z
                 else:
                     fns[key] = lambda m=module: run(m, p, x, backward)
-                    results[key] = fns[key]()
             fractions = bench.shuffled_rounds(fns, p.nbytes, copy_gbps, args.rounds,
                                               timer=bench.time_ms_host_ahead)
             r = [a / b for a, b in zip(fractions["after"], fractions["before"])]
@@ -119,7 +119,8 @@ def main(argv=None):
     print(f"after / before: median {statistics.median(ratios):.3f}, "
           f"{min(ratios):.3f}-{max(ratios):.3f} over {len(rows)} calls")
     command = f"python scripts/rope2d_fma.py --before {args.before.name} --rounds {args.rounds}"
-    record = dict(provenance=provenance(copy_gbps, "rope2d_fma", command, HOST_AHEAD_TIMING), rows=rows)
+    record = dict(provenance=provenance(copy_gbps, "rope2d_fma", command, HOST_AHEAD_TIMING),
+                  rows=rows)
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
