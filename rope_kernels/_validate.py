@@ -114,9 +114,11 @@ def _validate_meta(t, freqs, tensor_format, start_positions, interleaved, cu_seq
         layout = {"sbhd": "[s, b, h, d]", "bshd": "[b, s, h, d]", "thd": "[t, h, d]"}[tensor_format]
         raise ValueError(f"t must be {rank}-D {layout} for tensor_format={tensor_format!r}, got "
                          f"shape {tuple(t.shape)}")
-    if freqs.dtype != torch.float32:
-        raise TypeError(f"freqs must be float32 angles, got {freqs.dtype} (convert with "
-                        f"freqs.float(); cos/sin are computed from it in float32)")
+    if not freqs.is_floating_point():
+        raise TypeError(f"freqs must be a floating-point tensor of angles, got {freqs.dtype}")
+    if kernel_dtypes_only and freqs.dtype != torch.float32:  # the entry points convert first
+        raise TypeError(f"freqs must be float32 angles for the Triton kernels, got {freqs.dtype} "
+                        f"(convert with freqs.float())")
     if freqs.dim() != 4 or freqs.shape[1] != 1 or freqs.shape[2] != 1:
         raise ValueError(f"freqs must have shape [max_seq_len, 1, 1, rotary_dim], got "
                          f"{tuple(freqs.shape)}")
@@ -244,7 +246,7 @@ def _same_device(name: str, x, device) -> None:
 
 def _freqs_table(name: str, freqs, device) -> None:
     _tensor(name, freqs, "float32 angles [max_seq_len, 1, 1, rotary_dim]")
-    if freqs.dtype != torch.float32:
+    if freqs.dtype != torch.float32:  # (the entry point converts other float dtypes first)
         raise TypeError(f"{name} must be float32 angles, got {freqs.dtype}")
     if freqs.dim() != 4 or freqs.shape[1] != 1 or freqs.shape[2] != 1:
         raise ValueError(f"{name} must have shape [max_seq_len, 1, 1, rotary_dim], got "

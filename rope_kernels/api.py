@@ -45,6 +45,19 @@ from .rope_2d import rope_2d
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {"1d": rope_1d, "2d": rope_2d}
 
 _Tensor = torch.Tensor
+_FLOAT32 = torch.float32
+
+
+def _float32_angles(freqs):
+    """Angles of another floating dtype as float32, as TransformerEngine's fused function takes
+    them (its FusedRoPEFunc: ``if freqs.dtype != torch.float32: freqs = freqs.float()``): a
+    table built in bf16 (a model cast to bf16 casts RotaryPositionEmbedding's ``inv_freq``
+    buffer too) rotates as its float32 values. Anything else is left to the checks."""
+    if isinstance(freqs, _Tensor) and freqs.dtype is not _FLOAT32 and freqs.is_floating_point():
+        return freqs.float()
+    return freqs
+
+
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
@@ -179,8 +192,11 @@ def apply_rotary_pos_emb(
     Args:
         t: ``[s, b, h, d]`` (sbhd), ``[b, s, h, d]`` (bshd) or ``[total_tokens, h, d]`` (thd),
             float32, float16 or bfloat16 (any float dtype with ``fused=False``), any strides.
-        freqs: float32 angles ``[max_seq_len, 1, 1, rotary_dim]`` from ``RotaryPositionEmbedding``;
-            ``rotary_dim`` even and <= d. Channels past ``rotary_dim`` are passed through.
+        freqs: angles ``[max_seq_len, 1, 1, rotary_dim]`` from ``RotaryPositionEmbedding``,
+            float32 (``fused=True`` converts another float dtype to float32 first, as TE does;
+            ``fused=False`` takes cos/sin in freqs' dtype, as TE's formula does, or in float64
+            for a float64 ``t``); ``rotary_dim`` even and <= d. Channels past ``rotary_dim``
+            are passed through.
         tensor_format: ``"sbhd"``, ``"bshd"`` or ``"thd"``.
         start_positions: int ``[b]`` (``[n_seqs]`` for thd): position of the first token of each
             sequence in the table (inference with a KV cache). Not with ``cp_size > 1``.
@@ -196,6 +212,8 @@ def apply_rotary_pos_emb(
     Returns:
         A new contiguous tensor of ``t``'s shape and dtype; ``t`` is never modified.
     """
+    if fused is True:
+        freqs = _float32_angles(freqs)
     key = None
     if (fused is True and type(t) is _Tensor and type(freqs) is _Tensor and _SHORTCUTS.enabled
             and (not validate or (start_positions is None and cu_seqlens is None))
@@ -293,8 +311,9 @@ def apply_fused_qkv_rotary_pos_emb(
         qkv: ``[s, b, h, q_split + k_split + v_split]`` (sbhd) or ``[b, s, h, ...]`` (bshd),
             float32/float16/bfloat16, any strides. Each of the h groups holds ``q_split /
             k_split`` query heads, one key head and one value head.
-        q_freqs, k_freqs: float32 angles ``[max_seq_len, 1, 1, rotary_dim]``, ``rotary_dim <=
-            k_split``; same shape.
+        q_freqs, k_freqs: angles ``[max_seq_len, 1, 1, rotary_dim]``, ``rotary_dim <= k_split``;
+            same shape; float32 (another float dtype is converted to float32 first, as for
+            ``apply_rotary_pos_emb(fused=True)``).
         qkv_split_arg_list: ``[q_split, k_split, v_split]``: widths of q, k and v per group;
             ``k_split`` is the head size and divides ``q_split``.
         tensor_format: ``"sbhd"`` or ``"bshd"`` (``"thd"`` raises, as in TransformerEngine).
@@ -309,6 +328,10 @@ def apply_fused_qkv_rotary_pos_emb(
         launch; differentiable (the backward, one launch too, returns a new contiguous
         qkv-shaped gradient).
     """
+    if k_freqs is q_freqs:  # one table for both: keep it one object (the plan compares them)
+        q_freqs = k_freqs = _float32_angles(q_freqs)
+    else:
+        q_freqs, k_freqs = _float32_angles(q_freqs), _float32_angles(k_freqs)
     sig = None
     if (type(qkv) is _Tensor and type(q_freqs) is _Tensor and type(k_freqs) is _Tensor
             and _SHORTCUTS.enabled and cu_seqlens is None

@@ -126,8 +126,9 @@ def _sequence_rows(freqs: torch.Tensor, seq_len: int, cp_size: int, cp_rank: int
 def _rope_dense(t: torch.Tensor, rows: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """RoPE on t: [s, b, h, d] with angle rows [s, 1 or b, 1, d2]."""
     rotary_dim = rows.shape[-1]
-    # cos/sin first (in float32 as TE does, in float64 for a float64 t), then the cast to t's dtype.
-    angles = rows.to(torch.promote_types(rows.dtype, t.dtype))
+    # cos/sin first, in the table's dtype as TE's formula takes them (float64 for a float64 t),
+    # then the cast to t's dtype.
+    angles = rows.double() if t.dtype == torch.float64 else rows
     cos = torch.cos(angles).to(t.dtype)
     sin = torch.sin(angles).to(t.dtype)
     t_rot, t_pass = t[..., :rotary_dim], t[..., rotary_dim:]
@@ -157,8 +158,9 @@ def rope_reference(
 
     Args:
         t: ``[s, b, h, d]`` (sbhd), ``[b, s, h, d]`` (bshd) or ``[t, h, d]`` (thd).
-        freqs: angles ``[max_seq_len, 1, 1, d2]``; cos/sin are taken in float32 (float64 when
-            ``t`` is float64: pass a float64 ``t`` for an exact reference) and cast to ``t.dtype``.
+        freqs: angles ``[max_seq_len, 1, 1, d2]``; cos/sin are taken in freqs' dtype, as
+            TransformerEngine's formula takes them (float64 when ``t`` is float64: pass a
+            float64 ``t`` for an exact reference), and cast to ``t.dtype``.
         start_positions: int ``[b]`` (or ``[n_seqs]`` for thd): position offset per sequence.
             With ``cp_size > 1`` the offset applies to the global sequence: the rows of
             sequence i are ``freqs[start_i : start_i + len_i * cp_size]``, of which this rank
