@@ -28,18 +28,26 @@ __all__ = [
 
 
 class RotaryPositionEmbedding(torch.nn.Module):
-    """Angle table ``theta[m, i] = m * base^(-2i / d2)`` for positions ``m`` (RoFormer, eq. 15).
+    """Angle table ``theta[m, i] = m * base^(-2i / d2)`` for positions ``m`` (RoFormer, eq. 15):
+    TransformerEngine's module, with its arguments in its order and its semantics.
 
     Args:
         dim: head_dim ``d`` of the tensors the table will be applied to.
         rotary_percent: fraction of ``dim`` that is rotated; ``d2 = int(dim * rotary_percent)``.
-        seq_len_interpolation_factor: if set, positions are divided by it (position interpolation).
+        seq_len_interpolation_factor, pretrained_max_position_embeddings: position
+            interpolation (arXiv 2306.15595), as TE applies it, only when both are set: positions
+            are multiplied by ``1 / seq_len_interpolation_factor``, or, for a ``max_seq_len``
+            longer than ``pretrained_max_position_embeddings * seq_len_interpolation_factor``,
+            by ``1 / (max_seq_len / pretrained_max_position_embeddings)`` (dynamic scaling).
         rotary_base: the base of the geometric progression of frequencies.
         interleaved: lay the table out for interleaved (GPT-J) pairs ``[f0, f0, f1, f1, ...]``
             instead of half-split (GPT-NeoX) pairs ``[f0, f1, ..., f0, f1, ...]``.
+        device: where ``inv_freq`` lives (keyword only; TE's module takes the current CUDA
+            device, this one the current CUDA device or else the CPU).
 
-    Calling it as ``emb(max_seq_len, offset=0)`` returns float32 angles of shape
-    ``[max_seq_len, 1, 1, d2]``, contiguous, as TransformerEngine's module does.
+    Calling it as ``emb(max_seq_len, offset=0)`` returns angles ``[max_seq_len, 1, 1, d2]``,
+    contiguous, in ``inv_freq``'s dtype (float32 unless the module was cast), as TE's module
+    does. ``inv_freq`` is a buffer of the state dict, as in TE.
     """
 
     def __init__(
@@ -47,8 +55,10 @@ class RotaryPositionEmbedding(torch.nn.Module):
         dim: int,
         rotary_percent: float = 1.0,
         seq_len_interpolation_factor: Optional[float] = None,
+        pretrained_max_position_embeddings: Optional[int] = None,
         rotary_base: float = 10000.0,
         interleaved: bool = False,
+        *,
         device: Optional[torch.device] = None,
     ):
         super().__init__()
@@ -64,18 +74,25 @@ class RotaryPositionEmbedding(torch.nn.Module):
             )
         self.rotary_dim = rotary_dim
         self.seq_len_interpolation_factor = seq_len_interpolation_factor
+        self.pretrained_max_position_embeddings = pretrained_max_position_embeddings
         self.rotary_base = rotary_base
         self.interleaved = interleaved
         if device is None:
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim
-        self.register_buffer("inv_freq", 1.0 / (rotary_base**exponents), persistent=False)
+        self.register_buffer("inv_freq", 1.0 / (rotary_base**exponents))
 
     def forward(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
-        positions = torch.arange(max_seq_len, device=self.inv_freq.device, dtype=torch.float32)
-        positions = positions + offset
-        if self.seq_len_interpolation_factor is not None:
-            positions = positions / self.seq_len_interpolation_factor
+        # Positions in inv_freq's dtype and scaled by multiplying with a reciprocal, as TE's
+        # module computes them, so that the tables are TE's bit for bit.
+        positions = torch.arange(max_seq_len, device=self.inv_freq.device,
+                                 dtype=self.inv_freq.dtype) + offset
+        factor, pretrained = self.seq_len_interpolation_factor, self.pretrained_max_position_embeddings
+        if pretrained is not None and factor is not None:
+            if max_seq_len > pretrained * factor:
+                positions *= 1 / (max_seq_len / pretrained)  # dynamic linear scaling
+            else:
+                positions *= 1 / factor  # fixed linear scaling
         freqs = torch.outer(positions, self.inv_freq)  # [s, d2/2]
         if self.interleaved:
             emb = freqs.repeat_interleave(2, dim=-1)  # [f0, f0, f1, f1, ...]
