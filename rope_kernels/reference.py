@@ -87,7 +87,8 @@ class RotaryPositionEmbedding(torch.nn.Module):
         # module computes them, so that the tables are TE's bit for bit.
         positions = torch.arange(max_seq_len, device=self.inv_freq.device,
                                  dtype=self.inv_freq.dtype) + offset
-        factor, pretrained = self.seq_len_interpolation_factor, self.pretrained_max_position_embeddings
+        factor = self.seq_len_interpolation_factor
+        pretrained = self.pretrained_max_position_embeddings
         if pretrained is not None and factor is not None:
             if max_seq_len > pretrained * factor:
                 positions *= 1 / (max_seq_len / pretrained)  # dynamic linear scaling

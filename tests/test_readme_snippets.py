@@ -68,8 +68,9 @@ def test_hugging_face_block(monkeypatch):
     q, k = randn((b, heads, s, d)), randn((b, kv_heads, s, d))
     cos, sin = randn((b, s, d)), randn((b, s, d))
     q_out, k_out = llama.apply_rotary_pos_emb(q, k, cos, sin)
-    assert_rope_close(q_out, hf_reference(q.double(), cos.double(), sin.double()), torch.float32, "q")
-    assert_rope_close(k_out, hf_reference(k.double(), cos.double(), sin.double()), torch.float32, "k")
+    cos64, sin64 = cos.double(), sin.double()
+    assert_rope_close(q_out, hf_reference(q.double(), cos64, sin64), torch.float32, "q")
+    assert_rope_close(k_out, hf_reference(k.double(), cos64, sin64), torch.float32, "k")
 
 
 @pytest.mark.parametrize("is_neox", [True, False])
