@@ -13,7 +13,8 @@ traceable by ``torch.compile``, so that a model can use it by assignment::
 - ``apply_rotary_pos_emb``: Llama's (and GPT-NeoX's, whose cos may be narrower than head_dim):
   channel j paired with j + rotary_dim/2 (``rotate_half`` of the two halves). Most models: Llama,
   Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and the many that copy Llama's function.
-- ``apply_rotary_pos_emb_interleaved``: Cohere's (Cohere, Cohere2, BLT): channels 2j and 2j+1
+- ``apply_rotary_pos_emb_interleaved``: Cohere's (Cohere, Cohere2, BLT, GLM-4V, GLM-OCR, Ernie 4.5
+  VL): channels 2j and 2j+1
   paired, cos and sin of each channel as given (their rotary module repeat_interleaves them).
 - ``apply_rotary_pos_emb_glm``: GLM's (GLM, GLM-4, Helium, Ernie 4.5, Moonshine): channels 2j
   and 2j+1 paired over the first ``cos.shape[-1]`` channels, pair j's cos and sin read at channel
@@ -22,7 +23,11 @@ traceable by ``torch.compile``, so that a model can use it by assignment::
 
 Assigning one over a model's function of another pairing gives wrong results without an error
 (the signatures are the same): check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved)
-and whether its function repeat_interleaves cos.
+and whether its function repeat_interleaves cos. Two families in transformers 5.24 call a function
+of this signature that none of these computes, so do not assign any of them there: GPT-OSS (its
+cos and sin have one entry per pair, head_dim / 2 wide, which these functions would take for part
+of the head rotated) and NanoChat (its ``rotate_half`` has the opposite sign). ``tests/test_hf.py``
+checks each family named here against transformers' own function.
 
 Each has an ``_inplace`` variant for inference (generation under ``torch.no_grad()``, serving),
 which rotates q and k where they lie and returns them, as Liger-Kernel's ``liger_rotary_pos_emb``

@@ -606,3 +606,65 @@ def test_inplace_operator_under_compile(pairs, seed):
     for x, o, e in zip((q2, k2), got, expected):
         torch.testing.assert_close(x, e, rtol=0, atol=0)
         torch.testing.assert_close(o, e, rtol=0, atol=0)
+
+
+# Model families (transformers.models.<name>.modeling_<name>) and the function of ours the
+# documentation names for each: rope_kernels.hf's docstring and the README list them.
+_FAMILIES = {
+    "apply_rotary_pos_emb": ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+                             "phi3", "gpt_neox"],
+    "apply_rotary_pos_emb_interleaved": ["cohere", "cohere2", "blt", "glm4v", "glm_ocr",
+                                         "ernie4_5_vl_moe"],
+    "apply_rotary_pos_emb_glm": ["glm", "glm4", "helium", "ernie4_5", "moonshine"],
+}
+# Families whose function of the same signature none of ours computes (the docstring warns):
+# GPT-OSS takes cos and sin of one entry per pair (head_dim / 2 wide), which ours would read as
+# part of the head rotated; NanoChat's rotate_half has the opposite sign (a rotation by -theta).
+_NONE_OF_OURS = ["gpt_oss", "nanochat"]
+
+
+def _their_function(name):
+    module = pytest.importorskip(f"transformers.models.{name}.modeling_{name}",
+                                 reason=f"{name} is not in this transformers")
+    return module.apply_rotary_pos_emb
+
+
+def _random_call(seed, width=16):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 4, 5, 16, generator=g), torch.randn(2, 2, 5, 16, generator=g)
+    cos, sin = torch.randn(2, 5, width, generator=g), torch.randn(2, 5, width, generator=g)
+    return [x.to(DEVICE) for x in (q, k, cos, sin)]
+
+
+@pytest.mark.parametrize("ours,name", [(f, n) for f, names in _FAMILIES.items() for n in names],
+                         ids=lambda v: v)
+def test_named_families_use_the_pairing_we_name(ours, name):
+    """Each family the documentation names computes what our function for it computes, on the
+    same arguments (random cos and sin, so that no property of a real table hides a pairing)."""
+    theirs = _their_function(name)
+    q, k, cos, sin = _random_call(seed=len(name))
+    want = theirs(q, k, cos, sin)
+    got = getattr(rope_kernels.hf, ours)(q, k, cos, sin)
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    others = [f for f in _FAMILIES if f != ours]
+    for other in others:  # and the other pairings do not: the choice matters
+        assert not all(torch.allclose(o, w, atol=1e-3) for o, w in
+                       zip(getattr(rope_kernels.hf, other)(q, k, cos, sin), want)), other
+
+
+@pytest.mark.parametrize("name", _NONE_OF_OURS)
+def test_families_none_of_ours_computes(name):
+    """The documentation's warning holds: assigned over these, none of our functions gives
+    their results (GPT-OSS's cos and sin are head_dim / 2 wide, one entry per pair); each
+    gives other numbers or refuses the call."""
+    theirs = _their_function(name)
+    width = 8 if name == "gpt_oss" else 16
+    q, k, cos, sin = _random_call(seed=3, width=width)
+    want = theirs(q, k, cos, sin)
+    for ours in _FAMILIES:
+        try:
+            got = getattr(rope_kernels.hf, ours)(q, k, cos, sin)
+        except ValueError:  # (Cohere's pairing refuses a cos narrower than the head)
+            continue
+        assert not all(torch.allclose(g, w, atol=1e-3) for g, w in zip(got, want)), ours
