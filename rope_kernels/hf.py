@@ -14,8 +14,8 @@ traceable by ``torch.compile``, so that a model can use it by assignment::
   channel j paired with j + rotary_dim/2 (``rotate_half`` of the two halves). Most models: Llama,
   Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and the many that copy Llama's function.
 - ``apply_rotary_pos_emb_interleaved``: Cohere's (Cohere, Cohere2, BLT, GLM-4V, GLM-OCR, Ernie 4.5
-  VL): channels 2j and 2j+1
-  paired, cos and sin of each channel as given (their rotary module repeat_interleaves them).
+  VL): channels 2j and 2j+1 paired, cos and sin of each channel as given (their rotary module
+  repeat_interleaves them).
 - ``apply_rotary_pos_emb_glm``: GLM's (GLM, GLM-4, Helium, Ernie 4.5, Moonshine): channels 2j
   and 2j+1 paired over the first ``cos.shape[-1]`` channels, pair j's cos and sin read at channel
   j of cos and sin in Llama's layout (their function takes the first half and repeat_interleaves
