@@ -23,11 +23,12 @@ traceable by ``torch.compile``, so that a model can use it by assignment::
 
 Assigning one over a model's function of another pairing gives wrong results without an error
 (the signatures are the same): check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved)
-and whether its function repeat_interleaves cos. Two families in transformers 5.24 call a function
-of this signature that none of these computes, so do not assign any of them there: GPT-OSS (its
-cos and sin have one entry per pair, head_dim / 2 wide, which these functions would take for part
-of the head rotated) and NanoChat (its ``rotate_half`` has the opposite sign). ``tests/test_hf.py``
-checks each family named here against transformers' own function.
+and whether its function repeat_interleaves cos. Three families in transformers 5.24 call a
+function of this signature that none of these computes, so do not assign any of them there:
+GPT-OSS (its cos and sin have one entry per pair, head_dim / 2 wide, which these functions would
+take for part of the head rotated), OpenAI's privacy filter (the same with interleaved pairs) and
+NanoChat (its ``rotate_half`` has the opposite sign). ``tests/test_hf.py`` checks each family
+named here against transformers' own function.
 
 Each has an ``_inplace`` variant for inference (generation under ``torch.no_grad()``, serving),
 which rotates q and k where they lie and returns them, as Liger-Kernel's ``liger_rotary_pos_emb``

@@ -619,8 +619,9 @@ _FAMILIES = {
 }
 # Families whose function of the same signature none of ours computes (the docstring warns):
 # GPT-OSS takes cos and sin of one entry per pair (head_dim / 2 wide), which ours would read as
-# part of the head rotated; NanoChat's rotate_half has the opposite sign (a rotation by -theta).
-_NONE_OF_OURS = ["gpt_oss", "nanochat"]
+# part of the head rotated, and OpenAI's privacy filter the same with interleaved pairs;
+# NanoChat's rotate_half has the opposite sign (a rotation by -theta).
+_NONE_OF_OURS = ["gpt_oss", "openai_privacy_filter", "nanochat"]
 
 
 def _their_function(name):
@@ -659,7 +660,7 @@ def test_families_none_of_ours_computes(name):
     their results (GPT-OSS's cos and sin are head_dim / 2 wide, one entry per pair); each
     gives other numbers or refuses the call."""
     theirs = _their_function(name)
-    width = 8 if name == "gpt_oss" else 16
+    width = 16 if name == "nanochat" else 8
     q, k, cos, sin = _random_call(seed=3, width=width)
     want = theirs(q, k, cos, sin)
     for ours in _FAMILIES:
