@@ -7,7 +7,7 @@ for bit."""
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import inspect
 import os
 import pathlib
@@ -15,7 +15,7 @@ import pathlib
 import pytest
 import torch
 
-from conftest import DEVICE, ROOT, randn
+from conftest import DEVICE, ROOT, load_file, randn
 from rope_kernels import RotaryPositionEmbedding, apply_rotary_pos_emb
 
 TE_ARGS = ["dim", "rotary_percent", "seq_len_interpolation_factor",
@@ -78,16 +78,15 @@ def test_module_cast_to_bf16_gives_a_bf16_table_the_fused_call_takes():
                        apply_rotary_pos_emb(t, table.float(), fused=True))
 
 
+@functools.cache
 def _te_module():
-    """TE's RotaryPositionEmbedding from the study group's copy of its rope.py, or None."""
+    """TE's RotaryPositionEmbedding from the study group's copy of its rope.py, or None (loaded
+    once for the parametrized tests below)."""
     folder = os.environ.get("ROPE_TE_DIR") or os.environ.get("ROPE_TE_REF")
     path = pathlib.Path(folder) / "ref.py" if folder else ROOT.parent / "shared" / "te" / "ref.py"
     if not path.is_file():
         return None
-    spec = importlib.util.spec_from_file_location("_te_ref_for_tables", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.RotaryPositionEmbedding
+    return load_file(path, "_te_ref_for_tables").RotaryPositionEmbedding
 
 
 @pytest.mark.parametrize("cast", [None, torch.bfloat16, torch.float16], ids=str)
