@@ -180,7 +180,7 @@ def rope_cos_sin(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, heads_axis: int
 
 @rope_cos_sin.register_fake
 def _(q, k, cos, sin, heads_axis, backward, pairs):
-    return _qk.hf_outputs(q, k, cos.shape[-1])
+    return _qk.hf_outputs(q, k, _qk.hf_rotary_dim(cos, pairs))
 
 
 def _cos_sin_setup(ctx, inputs, output):

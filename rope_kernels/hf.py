@@ -2,9 +2,10 @@
 
 transformers' models rotate q and k with cos and sin that the model's rotary module has already
 computed, attention scaling folded in, in the model's dtype, through a module-level function of
-this signature. Three pairings of channels share it, so there are three functions here, each with
-the signature and results of transformers' own, q and k in one launch, differentiable and
-traceable by ``torch.compile``, so that a model can use it by assignment::
+this signature. Six conventions share it (which channels are paired, how wide cos and sin are,
+the sign of the rotation), so there are six functions here, each with the signature and results
+of transformers' own, q and k in one launch, differentiable and traceable by ``torch.compile``,
+so that a model can use it by assignment::
 
     import transformers.models.llama.modeling_llama as llama
     import rope_kernels.hf
@@ -20,15 +21,20 @@ traceable by ``torch.compile``, so that a model can use it by assignment::
   and 2j+1 paired over the first ``cos.shape[-1]`` channels, pair j's cos and sin read at channel
   j of cos and sin in Llama's layout (their function takes the first half and repeat_interleaves
   it), the rest of the head copied.
+- ``apply_rotary_pos_emb_gpt_oss``: GPT-OSS's: channel j paired with j + head_dim/2, by cos and
+  sin of one entry per pair, ``[b, s, head_dim / 2]`` (its rotary module does not duplicate
+  them), the whole head rotated.
+- ``apply_rotary_pos_emb_gpt_oss_interleaved``: OpenAI's privacy filter's: the same cos and sin,
+  channels 2j and 2j+1 paired.
+- ``apply_rotary_pos_emb_nanochat``: NanoChat's: Llama's pairs and tables, rotated by -theta (its
+  ``rotate_half`` returns ``cat(x2, -x1)``, the opposite sign of Llama's).
 
-Assigning one over a model's function of another pairing gives wrong results without an error
-(the signatures are the same): check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved)
-and whether its function repeat_interleaves cos. Three families in transformers 5.24 call a
-function of this signature that none of these computes, so do not assign any of them there:
-GPT-OSS (its cos and sin have one entry per pair, head_dim / 2 wide, which these functions would
-take for part of the head rotated), OpenAI's privacy filter (the same with interleaved pairs) and
-NanoChat (its ``rotate_half`` has the opposite sign). ``tests/test_hf.py`` checks each family
-named here against transformers' own function.
+Assigning one over a model's function of another convention gives wrong results without an error
+(the signatures are the same; GPT-OSS's narrower cos would pass for Llama's partial rotary):
+check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved, ``cat(x2, -x1)`` NanoChat's
+sign), whether its function repeat_interleaves cos, and how wide cos is. ``tests/test_hf.py``
+checks each family named here against transformers' own function, and that the other functions
+do not compute it.
 
 Each has an ``_inplace`` variant for inference (generation under ``torch.no_grad()``, serving),
 which rotates q and k where they lie and returns them, as Liger-Kernel's ``liger_rotary_pos_emb``
@@ -46,13 +52,21 @@ from . import rope_qk as _qk
 from ._validate import validate_hf_args, validate_in_place
 
 __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved",
+           "apply_rotary_pos_emb_gpt_oss", "apply_rotary_pos_emb_gpt_oss_interleaved",
+           "apply_rotary_pos_emb_nanochat",
            "apply_rotary_pos_emb_inplace", "apply_rotary_pos_emb_glm_inplace",
-           "apply_rotary_pos_emb_interleaved_inplace"]
+           "apply_rotary_pos_emb_interleaved_inplace", "apply_rotary_pos_emb_gpt_oss_inplace",
+           "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
+           "apply_rotary_pos_emb_nanochat_inplace"]
 
 _Tensor = torch.Tensor
+_INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
 _IN_PLACE_NAMES = {"half": "apply_rotary_pos_emb_inplace",
                    "interleaved": "apply_rotary_pos_emb_interleaved_inplace",
-                   "glm": "apply_rotary_pos_emb_glm_inplace"}
+                   "glm": "apply_rotary_pos_emb_glm_inplace",
+                   "half_per_pair": "apply_rotary_pos_emb_gpt_oss_inplace",
+                   "interleaved_per_pair": "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
+                   "half_negated": "apply_rotary_pos_emb_nanochat_inplace"}
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -108,6 +122,44 @@ def apply_rotary_pos_emb_glm(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor
     return _apply(q, k, cos, sin, unsqueeze_dim, "glm")
 
 
+def apply_rotary_pos_emb_gpt_oss(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                 sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' GPT-OSS function:
+    channel j rotated with j + head_dim/2 by pair j's cos and sin, which are ``[b, s,
+    head_dim / 2]`` (``[s, head_dim / 2]`` and batch 1 too): one entry per pair, not duplicated
+    as Llama's are. The whole head is rotated.
+
+    Args and returns as ``apply_rotary_pos_emb``, but ``cos.shape[-1]`` must be head_dim / 2
+    (raises ValueError otherwise). The results are laid out like q (transformers' ends in
+    ``torch.cat``, so its are contiguous; the values are the same). Computed in float32.
+    """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half_per_pair")
+
+
+def apply_rotary_pos_emb_gpt_oss_interleaved(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                             sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' function of OpenAI's
+    privacy filter (``openai_privacy_filter``): GPT-OSS's cos and sin, ``[b, s, head_dim / 2]``,
+    one entry per pair, with channels 2j and 2j+1 paired.
+
+    Args and returns as ``apply_rotary_pos_emb_gpt_oss``.
+    """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved_per_pair")
+
+
+def apply_rotary_pos_emb_nanochat(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                  sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' NanoChat function:
+    Llama's pairs and layout of cos and sin, rotated the other way (by -theta: NanoChat's
+    ``rotate_half`` is ``cat(x2, -x1)``, Llama's ``cat(-x2, x1)``). Equal to
+    ``apply_rotary_pos_emb(q, k, cos, -sin)`` without computing ``-sin``.
+
+    Args and returns as ``apply_rotary_pos_emb`` (cos narrower than head_dim rotates part of the
+    head, as there).
+    """
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half_negated")
+
+
 def apply_rotary_pos_emb_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                                  sin: torch.Tensor, unsqueeze_dim: int = 1):
     """``apply_rotary_pos_emb`` writing into q and k: one launch, no allocation.
@@ -137,6 +189,28 @@ def apply_rotary_pos_emb_glm_inplace(q: torch.Tensor, k: torch.Tensor, cos: torc
     return _apply(q, k, cos, sin, unsqueeze_dim, "glm", True)
 
 
+def apply_rotary_pos_emb_gpt_oss_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                         sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_gpt_oss`` writing into q and k, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half_per_pair", True)
+
+
+def apply_rotary_pos_emb_gpt_oss_interleaved_inplace(q: torch.Tensor, k: torch.Tensor,
+                                                     cos: torch.Tensor, sin: torch.Tensor,
+                                                     unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_gpt_oss_interleaved`` (OpenAI's privacy filter's) writing into q
+    and k, as ``apply_rotary_pos_emb_inplace``."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved_per_pair", True)
+
+
+def apply_rotary_pos_emb_nanochat_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                          sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_nanochat`` writing into q and k, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half_negated", True)
+
+
 def _launch_entry(entry, q, k, cos, sin, in_place):
     """A shortcut's launch: (q, k) rotated where they lie, or the new (q_embed, k_embed)."""
     if in_place:
@@ -147,7 +221,7 @@ def _launch_entry(entry, q, k, cos, sin, in_place):
 
 
 def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
-    """The six functions' body: ``pairs`` is rope_qk.HF_PAIRS' key; ``in_place``: write into q
+    """The functions' body: ``pairs`` is rope_qk.HF_PAIRS' key; ``in_place``: write into q
     and k and return them."""
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.
@@ -159,7 +233,8 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
             and not (_api._grad_enabled() and (q.requires_grad or k.requires_grad
                                                or cos.requires_grad or sin.requires_grad))):
         # (Interleaved pairs: whether the addresses allow reading them as words decides the plan.)
-        flags = ("hf", unsqueeze_dim, pairs, pairs != "half" and _qk._aligned(q, k), in_place)
+        flags = ("hf", unsqueeze_dim, pairs, pairs in _INTERLEAVED and _qk._aligned(q, k),
+                 in_place)
         for known, check, entry in shortcuts.recent:  # (see rope_kernels.api._Shortcuts)
             if known == flags and check(q, k, cos, sin):
                 return _launch_entry(entry, q, k, cos, sin, in_place)

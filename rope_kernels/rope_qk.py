@@ -20,9 +20,13 @@ Where each token's angles come from (``ANGLES``):
                  half of a row and sin in the second, row = positions[token].
     2 "cos_sin"  Hugging Face: cos and sin [b, s, rotary_dim] already computed by the model
                  (attention scaling folded in), read at (b, s), one entry per channel.
-    3 "cos_sin_half"  the same tensors, one entry per pair: pair j's at channel j (the first half
-                 of Llama's layout), whatever the pairing. GLM's function rotates interleaved
-                 pairs with such cos and sin (it takes their first half, repeat_interleaved).
+    3 "cos_sin_half"  the same tensors, one entry per pair: pair j's at channel j, whatever the
+                 pairing. GLM's function rotates interleaved pairs with such cos and sin (it
+                 takes the first half of Llama's layout, repeat_interleaved); GPT-OSS's cos and
+                 sin hold only these entries ([b, s, head_dim / 2]), for half-split pairs, and
+                 OpenAI's privacy filter's for interleaved pairs.
+    4 "cos_sin_neg"  as 2, with sin negated: a rotation by -theta (NanoChat's ``rotate_half`` has
+                 the opposite sign of Llama's).
 
 Pairs are half-split (j, j + rotary_dim/2) or interleaved (2j, 2j+1). Interleaved pairs are read
 and written as one 32-bit word each (64-bit in float32) where every row of q and k starts at an
@@ -50,7 +54,7 @@ import triton.language as tl
 # Triton reads TRITON_INTERPRET when @triton.jit runs, i.e. when this module is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2, "cos_sin_half": 3}
+ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2, "cos_sin_half": 3, "cos_sin_neg": 4}
 
 
 @triton.jit
@@ -132,7 +136,7 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             sin1 = _table_row(sin_row + row + j[None, :] * t_stride_d, sj_mask).to(tl.float32)
             cos2 = cos1
             sin2 = sin1
-        elif ANGLES == 2:  # cos and sin given per channel (Hugging Face), in any float dtype
+        elif ANGLES == 2 or ANGLES == 4:  # cos and sin per channel (Hugging Face), any float
             cos1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
             cos2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
             sin1 = _table_row(sin_ptr + row + c1[None, :] * t_stride_d, sj_mask)
@@ -141,6 +145,9 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             cos2 = cos2.to(tl.float32)
             sin1 = sin1.to(tl.float32)
             sin2 = sin2.to(tl.float32)
+            if ANGLES == 4:  # a rotation by -theta
+                sin1 = -sin1
+                sin2 = -sin2
         else:  # angles: every channel its own table entry, as TransformerEngine's formula
             f1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
             f2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
@@ -182,7 +189,6 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     cos [BLOCK_S, ROW] and signed sin of every channel (-sin in the first half of the rotary
     channels, +sin in the second, cos 1 and sin 0 past them). The backward is the transpose:
     the partner's term takes the partner's sine, with the other sign."""
-    tl.static_assert(ANGLES <= 2, "whole rows: half-split pairs, tables per channel or the cache")
     c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
     half = rotary_dim // 2
     first = c < half
@@ -199,9 +205,15 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
         cos = _table_row(table_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
         sin = _table_row(table_ptr + row + (half + j)[None, :] * t_stride_d,
                          mask).to(tl.float32)  # (a pair's two channels share it)
-    elif ANGLES == 2:
+    elif ANGLES == 3:  # cos and sin of one entry per pair, pair j's at j (GPT-OSS's)
+        j = tl.where(first, c, c - half)
+        cos = _table_row(table_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
+        sin = _table_row(sin_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
+    elif ANGLES == 2 or ANGLES == 4:
         cos = _table_row(table_ptr + row + c[None, :] * t_stride_d, mask).to(tl.float32)
         sin = _table_row(sin_ptr + row + s_ch[None, :] * t_stride_d, mask).to(tl.float32)
+        if ANGLES == 4:  # a rotation by -theta
+            sin = -sin
     else:
         f = _table_row(table_ptr + row + c[None, :] * t_stride_d, mask)
         if BACKWARD:
@@ -966,7 +978,13 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     0.914 -> 0.937, 12q/2k 0.867 -> 0.906 and 0.841 -> 0.918; Hugging Face 16q/4k 0.898 ->
     0.920, 16q/2k 0.901 -> 0.917, 12q/2k 0.905 -> 0.923, head_dim 64 0.912 -> 0.947. Where q
     is bigger (32q/8k, 32q/32k, fp32) the rules above stay ahead by 1-3 points, and at bf16
-    head_dim 64 the cache's all-heads program is 1 point ahead of it."""
+    head_dim 64 the cache's all-heads program is 1 point ahead of it.
+
+    GPT-OSS's tables (one entry per pair, half-split pairs) and NanoChat's (sin negated) take
+    the tiles of Llama's tables: the same accesses of q and k, the tables half as wide or the
+    same."""
+    if (angles == ANGLES["cos_sin_half"] and not interleaved) or angles == ANGLES["cos_sin_neg"]:
+        angles = ANGLES["cos_sin"]
     width = _next_pow2(head_dim)
     row = width * element_size
     if (NARROWED_ROWS and on_gpu and narrowed and not interleaved and element_size == 4
@@ -1463,12 +1481,21 @@ def hf_outputs(q: torch.Tensor, k: torch.Tensor, rotary_dim: int):
     return new_like(q), new_like(k)
 
 
-# Hugging Face's pairings (``pairs`` of rope_cos_sin): -> (ANGLES, interleaved)
+# Hugging Face's pairings (``pairs`` of rope_cos_sin): -> (ANGLES, interleaved, rotated channels
+# per entry of cos: rotary_dim = that * cos.shape[-1])
 HF_PAIRS = {
-    "half": (ANGLES["cos_sin"], False),  # Llama, GPT-NeoX: channel j with j + rotary_dim/2
-    "interleaved": (ANGLES["cos_sin"], True),  # Cohere: 2j with 2j+1, cos/sin per channel
-    "glm": (ANGLES["cos_sin_half"], True),  # GLM: 2j with 2j+1, pair j's cos/sin at channel j
+    "half": (ANGLES["cos_sin"], False, 1),  # Llama, GPT-NeoX: channel j with j + rotary_dim/2
+    "interleaved": (ANGLES["cos_sin"], True, 1),  # Cohere: 2j with 2j+1, cos/sin per channel
+    "glm": (ANGLES["cos_sin_half"], True, 1),  # GLM: 2j with 2j+1, pair j's cos/sin at channel j
+    "half_per_pair": (ANGLES["cos_sin_half"], False, 2),  # GPT-OSS: cos/sin [b, s, rotary_dim/2]
+    "interleaved_per_pair": (ANGLES["cos_sin_half"], True, 2),  # OpenAI's privacy filter
+    "half_negated": (ANGLES["cos_sin_neg"], False, 1),  # NanoChat: Llama's with sin negated
 }
+
+
+def hf_rotary_dim(cos: torch.Tensor, pairs: str) -> int:
+    """How many channels of each head ``pairs``' function rotates with this ``cos``."""
+    return HF_PAIRS[pairs][2] * cos.shape[-1]
 
 
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -1480,17 +1507,21 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     ``pairs`` (``HF_PAIRS``): "half" rotates channel j with j + rotary_dim/2 by cos/sin of each
     channel (Llama's function); "interleaved" 2j with 2j+1, cos/sin of each channel (Cohere's,
     whose rotary module repeat_interleaves them); "glm" 2j with 2j+1 by pair j's cos/sin, read at
-    channel j (GLM's function, given Llama's layout of cos and sin). Writes into ``q_out`` and
-    ``k_out`` (pass q and k for in place; both or neither) and returns them; if None, new tensors
-    laid out as transformers' functions lay out theirs (``hf_outputs``)."""
-    angles, interleaved = HF_PAIRS[pairs]
+    channel j (GLM's function, given Llama's layout of cos and sin); "half_per_pair" and
+    "interleaved_per_pair" the half-split and interleaved pairs by cos/sin of one entry per pair,
+    ``[b, s, rotary_dim / 2]`` (GPT-OSS's function, OpenAI's privacy filter's); "half_negated"
+    as "half" with sin negated (NanoChat's). Writes into ``q_out`` and ``k_out`` (pass q and k
+    for in place; both or neither) and returns them; if None, new tensors laid out as
+    transformers' functions lay out theirs (``hf_outputs``)."""
+    angles, interleaved, _ = HF_PAIRS[pairs]
+    rotary_dim = hf_rotary_dim(cos, pairs)
     _check_device(q)
     if (q_out is None) != (k_out is None):
         raise ValueError("rope_cos_sin writes into q_out and k_out, both or neither: got "
                          f"q_out {'None' if q_out is None else 'a tensor'}, k_out "
                          f"{'None' if k_out is None else 'a tensor'}")
     if q_out is None:
-        q_out, k_out = hf_outputs(q, k, cos.shape[-1])
+        q_out, k_out = hf_outputs(q, k, rotary_dim)
         out_meta = None  # follows from the inputs' shapes and strides
     else:
         out_meta = (q_out.stride(), k_out.stride(), q_out.dtype, k_out.dtype)
@@ -1513,7 +1544,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      else (st[0] if cos.shape[0] > 1 else 0, st[1], st[2]))
         return _plan((q_sizes, q_in, _sbhd_of_hf(q_out, heads_axis)[1]),
                      (k_sizes, k_in, _sbhd_of_hf(k_out, heads_axis)[1]), None, device=q.device,
-                     dtype=q.dtype, angles=angles, rotary_dim=cos.shape[-1],
+                     dtype=q.dtype, angles=angles, rotary_dim=rotary_dim,
                      has_positions=False, has_start=False, interleaved=interleaved,
                      backward=backward, cp_size=1, cp_rank=0, t_strides=t_strides,
                      p_strides=(0, 0), same_table=True, in_place=in_place, aligned=aligned)

@@ -96,14 +96,22 @@ def hf_reference(x, cos, sin, unsqueeze_dim=1, pairs="half"):
     """transformers' apply_rotary_pos_emb formula in float64 (what the model means, without its
     rounding), partial rotary included: cos, sin [b, s, rotary_dim]. ``pairs`` (the keys of
     ``HF_FUNCTIONS``): Llama's half-split pairs; Cohere's interleaved pairs, cos/sin per channel;
-    GLM's interleaved pairs, pair j's cos/sin at channel j (the first half, repeat_interleaved)."""
+    GLM's interleaved pairs, pair j's cos/sin at channel j (the first half, repeat_interleaved);
+    GPT-OSS's half-split and its interleaved pairs (OpenAI's privacy filter), cos/sin
+    [b, s, head_dim / 2] of one entry per pair; NanoChat's: Llama's rotated by -theta."""
     cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
     if pairs == "glm":
         cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, -1)
         sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, -1)
+    elif pairs == "half_per_pair":
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    elif pairs == "interleaved_per_pair":
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+    elif pairs == "half_negated":
+        sin = -sin
     r = cos.shape[-1]
     rot, rest = x.double()[..., :r], x.double()[..., r:]
-    if pairs == "half":
+    if pairs in ("half", "half_per_pair", "half_negated"):
         x1, x2 = rot.chunk(2, dim=-1)
         rotated = torch.cat((-x2, x1), dim=-1)
     else:
@@ -114,7 +122,19 @@ def hf_reference(x, cos, sin, unsqueeze_dim=1, pairs="half"):
 # rope_kernels.hf's function of each pairing (rope_qk.HF_PAIRS' keys)
 HF_FUNCTIONS = {"half": rope_kernels.hf.apply_rotary_pos_emb,
                 "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved,
-                "glm": rope_kernels.hf.apply_rotary_pos_emb_glm}
+                "glm": rope_kernels.hf.apply_rotary_pos_emb_glm,
+                "half_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss,
+                "interleaved_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_interleaved,
+                "half_negated": rope_kernels.hf.apply_rotary_pos_emb_nanochat}
+
+
+def hf_cos_width(pairs: str, head_dim: int, rotary_dim: int) -> int:
+    """cos.shape[-1] for ``pairs``' function to rotate ``rotary_dim`` of ``head_dim`` channels:
+    one entry per pair for GPT-OSS's functions (which rotate the whole head), else per channel."""
+    if pairs.endswith("_per_pair"):
+        assert rotary_dim == head_dim, "GPT-OSS's functions rotate the whole head"
+        return rotary_dim // 2
+    return rotary_dim
 
 
 def strided_with_poison(values):

@@ -69,6 +69,14 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_glm(
                 q, k, hf_cos[..., : D // 2].cos(), hf_cos[..., : D // 2].sin()),
             [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
+        "hf gpt_oss (a cos entry per pair)": (
+            lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_gpt_oss(
+                q, k, hf_cos[..., : D // 2].cos(), hf_cos[..., : D // 2].sin()),
+            [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
+        "hf nanochat (-theta)": (
+            lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_nanochat(
+                q, k, hf_cos.cos(), hf_cos.sin()),
+            [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
     }
 
 

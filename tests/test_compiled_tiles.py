@@ -426,7 +426,9 @@ def serving_and_hf_launches(qk, dtype) -> dict:
     """{name: launch (``gpu_launch``)} of the cos/sin cache call (per-token positions: half-split
     pairs out of place, interleaved pairs in place, read as words) and Hugging Face's interleaved
     pairings at head_dim 64 (``WORDS_128B_HF_TILES``: Cohere's whole head at 32 q / 8 k heads and
-    16 q / 4 k, GLM's half of it with its table of one entry a pair)."""
+    16 q / 4 k, GLM's half of it with its table of one entry a pair), and the other conventions
+    at their models' shapes: GPT-OSS's (64 q / 8 k heads of 64, a table entry per pair),
+    OpenAI's privacy filter's (the same, interleaved) and NanoChat's (-theta, heads of 128)."""
     positions, cache = meta(4096, dtype=torch.int64), meta(8192, 128, dtype=torch.float32)
     q, k = meta(4096, 32 * 128, dtype=dtype), meta(4096, 8 * 128, dtype=dtype)
     launches = {
@@ -440,6 +442,14 @@ def serving_and_hf_launches(qk, dtype) -> dict:
         hk = meta(4, 1024, k_heads, 64, dtype=dtype).transpose(1, 2)
         cos, sin = meta(1, 1024, rotary_dim, dtype=dtype), meta(1, 1024, rotary_dim, dtype=dtype)
         launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin, pairs=pairs))
+    for name, heads, k_heads, head_dim, width, pairs in (
+            ("gpt_oss", 64, 8, 64, 32, "half_per_pair"),
+            ("privacy filter", 16, 4, 64, 32, "interleaved_per_pair"),
+            ("nanochat", 16, 16, 128, 128, "half_negated")):
+        hq = meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2)
+        hk = meta(4, 1024, k_heads, head_dim, dtype=dtype).transpose(1, 2)
+        cos, sin = meta(1, 1024, width, dtype=dtype), meta(1, 1024, width, dtype=dtype)
+        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin, pairs=pairs))
     return launches
 
 
@@ -450,15 +460,19 @@ def serving_and_hf_launches(qk, dtype) -> dict:
 def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capability, dtype):
     """The serving and Hugging Face plans, as the entry points make them for a GPU: the cache's
     per-token positions, interleaved pairs read as words, Cohere's loads-first programs, GLM's
-    table of one entry a pair."""
+    table of one entry a pair, GPT-OSS's, OpenAI's privacy filter's and NanoChat's."""
     ptxas_for(capability)
     qk = compiled_modules["rope_qk"]
     launches = serving_and_hf_launches(qk, dtype)
     modes = {name: plan.constexprs for name, (plan, _) in launches.items()}
     assert modes["cache"]["HAS_POSITIONS"] and modes["cache"]["INTERLEAVED"] == 0
-    assert all(modes[name]["INTERLEAVED"] == 2 for name in launches if name != "cache")
+    half_split = ("cache", "gpt_oss", "nanochat")
+    assert all(modes[name]["INTERLEAVED"] == (0 if name in half_split else 2) for name in launches)
     assert modes["cohere"]["LOADS_FIRST"] == (dtype != torch.float32)
     assert modes["glm, half rotary"]["ANGLES"] == qk.ANGLES["cos_sin_half"]
+    assert modes["gpt_oss"]["ANGLES"] == modes["privacy filter"]["ANGLES"] == modes[
+        "glm, half rotary"]["ANGLES"]
+    assert modes["nanochat"]["ANGLES"] == qk.ANGLES["cos_sin_neg"]
     for name, launch in launches.items():
         assert built_for(compile_qk(qk, launch, capability), capability), name
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, HF_FUNCTIONS, assert_rope_close, hf_reference, randn
+from conftest import DEVICE, HF_FUNCTIONS, assert_rope_close, hf_cos_width, hf_reference, randn
 import rope_kernels.hf
 from rope_kernels import rope_qk
 
@@ -19,6 +19,28 @@ from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
 from transformers.models.helium import modeling_helium  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+
+
+def _modeling(name):
+    """transformers.models.<name>.modeling_<name>; the test skips where this transformers has no
+    such model (NanoChat and OpenAI's privacy filter are recent)."""
+    return pytest.importorskip(f"transformers.models.{name}.modeling_{name}",
+                               reason=f"{name} is not in transformers {transformers.__version__}")
+
+
+class _Modeling:
+    """A family's modeling module, imported when a test first uses it (``_modeling``)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __getattr__(self, attr):
+        return getattr(_modeling(self.name), attr)
+
+
+modeling_gpt_oss = _Modeling("gpt_oss")
+modeling_privacy_filter = _Modeling("openai_privacy_filter")
+modeling_nanochat = _Modeling("nanochat")
 
 _SMALL = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -57,6 +79,27 @@ def _helium_config(head_dim=16):
     return transformers.HeliumConfig(head_dim=head_dim, **_SMALL)
 
 
+# GPT-OSS's YaRN scaling (cos and sin carry its attention factor), its factor 32 over the tiny
+# models' 128 positions (transformers warns where the two disagree)
+_YARN = dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+             truncate=False, original_max_position_embeddings=4)
+
+
+def _gpt_oss_config():
+    return modeling_gpt_oss.GptOssConfig(head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                         rope_parameters=dict(_YARN), **_SMALL)
+
+
+def _privacy_filter_config():  # token classification: a label per token id of the tiny vocab
+    return modeling_privacy_filter.OpenAIPrivacyFilterConfig(
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, num_labels=_SMALL["vocab_size"],
+        **_SMALL)
+
+
+def _nanochat_config():
+    return modeling_nanochat.NanoChatConfig(**_SMALL)
+
+
 # family -> (transformers' module, its rotary module, our function)
 INTERLEAVED = {
     "cohere": (modeling_cohere, lambda: modeling_cohere.CohereRotaryEmbedding(_cohere_config()),
@@ -66,6 +109,21 @@ INTERLEAVED = {
     "helium": (modeling_helium, lambda: modeling_helium.HeliumRotaryEmbedding(_helium_config()),
                HF_FUNCTIONS["glm"]),
 }
+# ... and the other conventions: cos and sin of one entry per pair (GPT-OSS's with half-split
+# pairs, OpenAI's privacy filter's with interleaved ones), and NanoChat's rotation by -theta.
+OTHERS = {
+    **INTERLEAVED,
+    "gpt_oss": (modeling_gpt_oss, lambda: modeling_gpt_oss.GptOssRotaryEmbedding(
+        _gpt_oss_config()), HF_FUNCTIONS["half_per_pair"]),
+    "openai_privacy_filter": (
+        modeling_privacy_filter, lambda: modeling_privacy_filter.OpenAIPrivacyFilterRotaryEmbedding(
+            _privacy_filter_config()), HF_FUNCTIONS["interleaved_per_pair"]),
+    "nanochat": (modeling_nanochat, lambda: modeling_nanochat.NanoChatRotaryEmbedding(
+        _nanochat_config()), HF_FUNCTIONS["half_negated"]),
+}
+# Families whose function ends in torch.cat (or stack and flatten): contiguous results, where
+# ours are laid out like q (the same values).
+_CONTIGUOUS_RESULTS = {"glm", "gpt_oss", "openai_privacy_filter"}
 
 
 def _layout(x):
@@ -128,18 +186,21 @@ def test_matches_transformers_function(dtype, model, unsqueeze_dim, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("family", list(INTERLEAVED))
+@pytest.mark.parametrize("family", list(OTHERS))
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
-def test_interleaved_families_match_transformers(dtype, family, unsqueeze_dim, seed):
-    """The interleaved pairings, on cos/sin from each family's own rotary module: Cohere's
-    (repeat_interleaved, per channel), GLM's (Llama's layout, half the head rotated) and Helium's
-    (GLM's function, the whole head). Values against transformers' function run in float64 and in
-    the dtype; the layout as transformers lays its results out (GLM's always ends in torch.cat);
-    one launch; gradients against autograd through transformers' function in float64."""
-    module, rotary, ours_fn = INTERLEAVED[family]
+def test_other_families_match_transformers(dtype, family, unsqueeze_dim, seed):
+    """The conventions other than Llama's, on cos/sin from each family's own rotary module:
+    Cohere's (repeat_interleaved, per channel), GLM's (Llama's layout, half the head rotated),
+    Helium's (GLM's function, the whole head), GPT-OSS's and OpenAI's privacy filter's (one
+    entry per pair, head_dim / 2 wide; YaRN's attention factor folded in) and NanoChat's (Llama's
+    tables, rotated by -theta). Values against transformers' function run in float64 and in the
+    dtype; the layout as transformers lays its results out (where its function does not end in
+    torch.cat); gradients against autograd through transformers' function in float64."""
+    module, rotary, ours_fn = OTHERS[family]
     b, s, hq, hk, d = 2, 5, 4, 2, 16
     cos, sin = _cos_sin(rotary(), b, s, dtype, seed)
-    assert cos.shape[-1] == (d // 2 if family == "glm" else d)
+    assert cos.shape[-1] == (d // 2 if family in ("glm", "gpt_oss", "openai_privacy_filter")
+                             else d)
     q = randn((b, s, hq, d), dtype, seed)
     k = randn((b, s, hk, d), dtype, seed + 1)
     if unsqueeze_dim == 1:
@@ -153,12 +214,13 @@ def test_interleaved_families_match_transformers(dtype, family, unsqueeze_dim, s
     exact = module.apply_rotary_pos_emb(q64, k64, cos.double(), sin.double(), unsqueeze_dim)
     for name, o, r, e in zip("qk", ours, ref, exact):
         assert o.shape == r.shape and o.dtype == dtype
-        if family != "glm":
+        if family not in _CONTIGUOUS_RESULTS:
             assert _layout(o) == _layout(r), name
         assert_rope_close(o.detach(), e.detach(), dtype, name)
         tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
         torch.testing.assert_close(o.detach(), r.to(dtype), rtol=tol, atol=tol)
-    # A half-split (Llama) function would rotate other channel pairs: these tables tell them apart.
+    # Llama's function would rotate other channel pairs, or by other angles (GPT-OSS's narrow
+    # cos as part of the head), or the other way (NanoChat's): these tables tell them apart.
     wrong = rope_kernels.hf.apply_rotary_pos_emb(q.detach(), k.detach(), cos, sin, unsqueeze_dim)
     assert (wrong[0].double() - exact[0].detach()).abs().max() > 0.1
     weights = [randn(o.shape, torch.float32, seed + 5 + i) for i, o in enumerate(ours)]
@@ -322,7 +384,8 @@ def _logits_and_grads(model, ids):
 
 def _tiny_model(arch, seed):
     """(config, a tiny random fp32 model with eager attention, its transformers module, token
-    ids): Llama, GPT-NeoX, Cohere or GLM."""
+    ids): Llama, GPT-NeoX, Cohere, GLM, GPT-OSS, OpenAI's privacy filter (token classification,
+    the ids as labels) or NanoChat."""
     torch.manual_seed(seed)
     if arch == "llama":
         config, cls, module = _llama_config(), transformers.LlamaForCausalLM, modeling_llama
@@ -330,6 +393,14 @@ def _tiny_model(arch, seed):
         config, cls, module = _cohere_config(), transformers.CohereForCausalLM, modeling_cohere
     elif arch == "glm":
         config, cls, module = _glm_config(), transformers.GlmForCausalLM, modeling_glm
+    elif arch in ("gpt_oss", "openai_privacy_filter", "nanochat"):
+        module = _modeling(arch)  # (the module itself: the tests assign over its function)
+        config, cls = {
+            "gpt_oss": (_gpt_oss_config, "GptOssForCausalLM"),
+            "openai_privacy_filter": (_privacy_filter_config,
+                                      "OpenAIPrivacyFilterForTokenClassification"),
+            "nanochat": (_nanochat_config, "NanoChatForCausalLM")}[arch]
+        config, cls = config(), getattr(module, cls)
     else:
         config, cls, module = _neox_config(), transformers.GPTNeoXForCausalLM, modeling_gpt_neox
     config._attn_implementation = "eager"
@@ -339,7 +410,10 @@ def _tiny_model(arch, seed):
 
 # arch -> our function for its module's apply_rotary_pos_emb
 OURS = {"llama": HF_FUNCTIONS["half"], "gpt_neox": HF_FUNCTIONS["half"],
-        "cohere": HF_FUNCTIONS["interleaved"], "glm": HF_FUNCTIONS["glm"]}
+        "cohere": HF_FUNCTIONS["interleaved"], "glm": HF_FUNCTIONS["glm"],
+        "gpt_oss": HF_FUNCTIONS["half_per_pair"],
+        "openai_privacy_filter": HF_FUNCTIONS["interleaved_per_pair"],
+        "nanochat": HF_FUNCTIONS["half_negated"]}
 
 
 def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"]) -> int:
@@ -403,6 +477,15 @@ BAD = [
                   "apply_rotary_pos_emb_glm"]),
     ("glm, cos wider than head_dim", dict(cos="wide", sin="wide", fn="glm"), ValueError,
      ["rotary_dim) must be even, positive and <= head_dim (16)", "32"]),
+    ("gpt_oss, cos of one entry per channel", dict(fn="half_per_pair"), ValueError,
+     ["cos.shape[-1] must be head_dim / 2 (8) for apply_rotary_pos_emb_gpt_oss", "got 16",
+      "rope_kernels.hf.apply_rotary_pos_emb"]),
+    ("gpt_oss interleaved, cos of a quarter head", dict(cos="quarter", sin="quarter",
+                                                         fn="interleaved_per_pair"), ValueError,
+     ["cos.shape[-1] must be head_dim / 2 (8) for apply_rotary_pos_emb_gpt_oss_interleaved",
+      "got 4"]),
+    ("nanochat, cos wider than head_dim", dict(cos="wide", sin="wide", fn="half_negated"),
+     ValueError, ["rotary_dim) must be even, positive and <= head_dim (16)", "32"]),
 ]
 
 
@@ -412,7 +495,7 @@ def test_bad_input(case, changes, exc, words):
     cos = sin = randn((2, 5, 16), torch.float32, 3)
     made = {"wide": randn((2, 5, 32), torch.float32, 4), "short": randn((2, 4, 16), torch.float32, 5),
             "narrow": randn((2, 2, 5, 8), torch.float32, 6), "f64": q.double(),
-            "half": randn((2, 5, 8), torch.float32, 7)}
+            "half": randn((2, 5, 8), torch.float32, 7), "quarter": randn((2, 5, 4), torch.float32, 8)}
     changes = dict(changes)
     fn = HF_FUNCTIONS[changes.pop("fn", "half")]
     args = dict(q=q, k=k, cos=cos, sin=sin)
@@ -423,18 +506,21 @@ def test_bad_input(case, changes, exc, words):
         assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
 
 
-@pytest.mark.parametrize("pairs", list(rope_qk.HF_PAIRS))
-@pytest.mark.parametrize("rotary_dim", [16, 8])
+@pytest.mark.parametrize("pairs,rotary_dim", [(p, r) for p in rope_qk.HF_PAIRS for r in (16, 8)
+                                              if r == 16 or not p.endswith("_per_pair")])
 def test_operator_fake_matches_real(rotary_dim, pairs, seed):
     """torch.compile traces the operator through its fake implementation: shapes, dtypes and
-    strides of the fake results must be the real ones (torch.library.opcheck compares them)."""
+    strides of the fake results must be the real ones (torch.library.opcheck compares them),
+    with the whole head rotated and half of it (laid out otherwise), for every convention
+    (GPT-OSS's rotates the whole head with cos half as wide)."""
     from rope_kernels import _ops
 
     b, s, hq, hk, d = 2, 3, 4, 2, 16
     q = randn((b, s, hq, d), torch.float32, seed).transpose(1, 2)
     k = randn((b, s, hk, d), torch.float32, seed + 1).transpose(1, 2)
-    cos = randn((b, s, rotary_dim), torch.float32, seed + 2)
-    sin = randn((b, s, rotary_dim), torch.float32, seed + 3)
+    width = hf_cos_width(pairs, d, rotary_dim)
+    cos = randn((b, s, width), torch.float32, seed + 2)
+    sin = randn((b, s, width), torch.float32, seed + 3)
     result = torch.library.opcheck(_ops.rope_cos_sin, (q, k, cos, sin, 1, False, pairs),
                                    test_utils=("test_faketensor", "test_schema"))
     assert set(result.values()) == {"SUCCESS"}, result
@@ -485,15 +571,24 @@ def test_tiny_model_under_autocast(arch, seed, monkeypatch):
 # --- In place (``*_inplace``): Liger-Kernel's contract, for inference -----------------------------
 IN_PLACE = {"half": rope_kernels.hf.apply_rotary_pos_emb_inplace,
             "interleaved": rope_kernels.hf.apply_rotary_pos_emb_interleaved_inplace,
-            "glm": rope_kernels.hf.apply_rotary_pos_emb_glm_inplace}
+            "glm": rope_kernels.hf.apply_rotary_pos_emb_glm_inplace,
+            "half_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_inplace,
+            "interleaved_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_interleaved_inplace,
+            "half_negated": rope_kernels.hf.apply_rotary_pos_emb_nanochat_inplace}
 # pairs -> (transformers' module, its rotary module) whose function the in-place call must match:
 # with part of the head rotated where the family has it (GPT-NeoX's, GLM's), and the whole head.
 _TRANSFORMERS = {"half": (modeling_gpt_neox, lambda: modeling_gpt_neox.GPTNeoXRotaryEmbedding(
                      _neox_config())),
-                 "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["glm"][:2]}
+                 "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["glm"][:2],
+                 "half_per_pair": OTHERS["gpt_oss"][:2],
+                 "interleaved_per_pair": OTHERS["openai_privacy_filter"][:2],
+                 "half_negated": OTHERS["nanochat"][:2]}
 _WHOLE_HEAD = {"half": (modeling_llama, lambda: modeling_llama.LlamaRotaryEmbedding(
                    _llama_config(head_dim=16))),
-               "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["helium"][:2]}
+               "interleaved": INTERLEAVED["cohere"][:2], "glm": INTERLEAVED["helium"][:2],
+               "half_per_pair": OTHERS["gpt_oss"][:2],
+               "interleaved_per_pair": OTHERS["openai_privacy_filter"][:2],
+               "half_negated": OTHERS["nanochat"][:2]}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -522,7 +617,7 @@ def test_inplace_matches_out_of_place_and_transformers(dtype, pairs, view, seed)
     theirs = module.apply_rotary_pos_emb(before[0], before[1], cos, sin, unsqueeze_dim)
     got = IN_PLACE[pairs](q, k, cos, sin, unsqueeze_dim)
     assert got[0] is q and got[1] is k
-    r = cos.shape[-1]
+    r = rope_qk.hf_rotary_dim(cos, pairs)
     for name, x, o, t, b4 in zip("qk", got, out_of_place, theirs, before):
         assert torch.equal(x, o), name
         assert_rope_close(x, hf_reference(b4, cos, sin, unsqueeze_dim, pairs), dtype, name)
@@ -534,7 +629,12 @@ def test_inplace_matches_out_of_place_and_transformers(dtype, pairs, view, seed)
         assert torch.equal(qkv[..., (hq + hk) * d:], before[2][..., (hq + hk) * d:])
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+# arch -> our in-place function for its module's apply_rotary_pos_emb (the causal LMs)
+OURS_IN_PLACE = {"llama": IN_PLACE["half"], "gpt_neox": IN_PLACE["half"],
+                 "gpt_oss": IN_PLACE["half_per_pair"], "nanochat": IN_PLACE["half_negated"]}
+
+
+@pytest.mark.parametrize("arch", list(OURS_IN_PLACE))
 def test_inplace_in_a_tiny_model_generating(arch, seed, monkeypatch):
     """Generation (``torch.no_grad``, a KV cache, prefill then one token a step) with the
     in-place function assigned over transformers': the same tokens and, at each step, the same
@@ -549,7 +649,7 @@ def test_inplace_in_a_tiny_model_generating(arch, seed, monkeypatch):
 
         def ours(*args, **kwargs):
             calls.append(1)
-            return rope_kernels.hf.apply_rotary_pos_emb_inplace(*args, **kwargs)
+            return OURS_IN_PLACE[arch](*args, **kwargs)
 
         monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
         mine = model.generate(ids, **kw)
@@ -592,8 +692,9 @@ def test_inplace_operator_under_compile(pairs, seed):
     b, s, hq, hk, d = 2, 3, 4, 2, 16
     q = randn((b, s, hq, d), torch.float32, seed).transpose(1, 2)
     k = randn((b, s, hk, d), torch.float32, seed + 1).transpose(1, 2)
-    cos = randn((b, s, 8 if pairs == "glm" else d), torch.float32, seed + 2)
-    sin = randn((b, s, 8 if pairs == "glm" else d), torch.float32, seed + 3)
+    width = 8 if pairs == "glm" else hf_cos_width(pairs, d, d)  # (GLM's: half the head)
+    cos = randn((b, s, width), torch.float32, seed + 2)
+    sin = randn((b, s, width), torch.float32, seed + 3)
     expected = HF_FUNCTIONS[pairs](q, k, cos, sin)
     result = torch.library.opcheck(_ops.rope_cos_sin_, (q.clone(), k.clone(), cos, sin, 1, pairs),
                                    test_utils=("test_faketensor", "test_schema"))
@@ -616,12 +717,10 @@ _FAMILIES = {
     "apply_rotary_pos_emb_interleaved": ["cohere", "cohere2", "blt", "glm4v", "glm_ocr",
                                          "ernie4_5_vl_moe"],
     "apply_rotary_pos_emb_glm": ["glm", "glm4", "helium", "ernie4_5", "moonshine"],
+    "apply_rotary_pos_emb_gpt_oss": ["gpt_oss"],
+    "apply_rotary_pos_emb_gpt_oss_interleaved": ["openai_privacy_filter"],
+    "apply_rotary_pos_emb_nanochat": ["nanochat"],
 }
-# Families whose function of the same signature none of ours computes (the docstring warns):
-# GPT-OSS takes cos and sin of one entry per pair (head_dim / 2 wide), which ours would read as
-# part of the head rotated, and OpenAI's privacy filter the same with interleaved pairs;
-# NanoChat's rotate_half has the opposite sign (a rotation by -theta).
-_NONE_OF_OURS = ["gpt_oss", "openai_privacy_filter", "nanochat"]
 
 
 def _their_function(name):
@@ -640,31 +739,21 @@ def _random_call(seed, width=16):
                          ids=lambda v: v)
 def test_named_families_use_the_pairing_we_name(ours, name, seed):
     """Each family the documentation names computes what our function for it computes, on the
-    same arguments (random cos and sin, so that no property of a real table hides a pairing)."""
+    same arguments (random cos and sin, so that no property of a real table hides a pairing;
+    head_dim / 2 wide for GPT-OSS's functions, head_dim for the others); each other function
+    of ours gives other numbers or refuses the call (so the choice matters: GPT-OSS's narrow cos
+    would pass for Llama's partial rotary)."""
     theirs = _their_function(name)
-    q, k, cos, sin = _random_call(seed)
+    q, k, cos, sin = _random_call(seed, width=8 if "gpt_oss" in ours else 16)
     want = theirs(q, k, cos, sin)
     got = getattr(rope_kernels.hf, ours)(q, k, cos, sin)
     for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-    others = [f for f in _FAMILIES if f != ours]
-    for other in others:  # and the other pairings do not: the choice matters
-        assert not all(torch.allclose(o, w, atol=1e-3) for o, w in
-                       zip(getattr(rope_kernels.hf, other)(q, k, cos, sin), want)), other
-
-
-@pytest.mark.parametrize("name", _NONE_OF_OURS)
-def test_families_none_of_ours_computes(name, seed):
-    """The documentation's warning holds: assigned over these, none of our functions gives
-    their results (GPT-OSS's cos and sin are head_dim / 2 wide, one entry per pair); each
-    gives other numbers or refuses the call."""
-    theirs = _their_function(name)
-    width = 16 if name == "nanochat" else 8
-    q, k, cos, sin = _random_call(seed, width=width)
-    want = theirs(q, k, cos, sin)
-    for ours in _FAMILIES:
-        try:
-            got = getattr(rope_kernels.hf, ours)(q, k, cos, sin)
-        except ValueError:  # (Cohere's pairing refuses a cos narrower than the head)
+    for other in _FAMILIES:
+        if other == ours:
             continue
-        assert not all(torch.allclose(g, w, atol=1e-3) for g, w in zip(got, want)), ours
+        try:
+            wrong = getattr(rope_kernels.hf, other)(q, k, cos, sin)
+        except ValueError:  # (cos of the other width)
+            continue
+        assert not all(torch.allclose(o, w, atol=1e-3) for o, w in zip(wrong, want)), other

@@ -75,10 +75,16 @@ def test_cache(mode, is_neox, words, backward, seed):
                       torch.float32, "key")
 
 
+# The q+k calls of ``_q_k_call``: the cache's two pairings and every Hugging Face convention.
+CALLS = ["cache half-split", "cache interleaved"] + [f"hf {p}" for p in rope_qk.HF_PAIRS]
+
+
 def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
     """float32 q and k of one q+k call, rotary_dim of head_size channels rotated: "cache
-    half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf half", "hf glm"
-    (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections). Returns q, k, their float64
+    half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf <pairs>" of
+    rope_qk.HF_PAIRS (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections; cos and sin
+    rotary_dim / 2 wide for GPT-OSS's pairs, which the kernel rotates as the rest, part of the
+    head too). Returns q, k, their float64
     references, ``rows`` (a view with heads and channels last) and ``run(q_out=None,
     k_out=None, q_in=None, k_in=None)``, the call on ``q_in`` and ``k_in`` (q and k if None)
     writing into the outputs given (new ones if None; the inputs for in place), which returns
@@ -89,7 +95,8 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
         q = randn((1, tokens, q_heads, head_size), torch.float32, seed).transpose(1, 2)
         k = randn((1, tokens, k_heads, head_size), torch.float32, seed + 1).transpose(1, 2)
         angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
-        emb = torch.cat((angles, angles), -1).to(DEVICE)
+        per_pair = pairs.endswith("_per_pair")
+        emb = (angles if per_pair else torch.cat((angles, angles), -1)).to(DEVICE)
         cos, sin = emb.cos(), emb.sin()
         want = [hf_reference(x, cos, sin, pairs=pairs) for x in (q, k)]
 
@@ -146,7 +153,7 @@ def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows):
     return results, plans
 
 
-@pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
+@pytest.mark.parametrize("call", CALLS)
 def test_in_place_leaves_the_channels_past_rotary_dim(mode, call, seed):
     """In place with part of the head rotated (12 of 20 channels), the plan is that of heads
     narrowed to rotary_dim (PASS 0, head_dim 12: the channels past it are neither read nor
@@ -182,6 +189,28 @@ def test_hf(mode, backward, seed):
     ref_sin = -sin if backward else sin
     assert_rope_close(q_out, hf_reference(q, cos, ref_sin), torch.bfloat16, "q")
     assert_rope_close(k_out, hf_reference(k, cos, ref_sin), torch.bfloat16, "k")
+
+
+@pytest.mark.parametrize("pairs", list(rope_qk.HF_PAIRS))
+@pytest.mark.parametrize("backward", [False, True])
+def test_hf_conventions(mode, pairs, backward, seed):
+    """Every Hugging Face convention in every program shape, forward and backward, on random
+    cos and sin (a pair's two entries unrelated, so that the backward must be the exact
+    transpose and each entry must be read where the convention puts it), the whole head
+    rotated, against the float64 formula and its gradient."""
+    b, s, q_heads, k_heads, d = 2, 3, 5, 3, 16
+    q = randn((b, s, q_heads, d), torch.float32, seed).transpose(1, 2)
+    k = randn((b, s, k_heads, d), torch.float32, seed + 1).transpose(1, 2)
+    width = d // 2 if pairs.endswith("_per_pair") else d
+    cos, sin = randn((b, s, width), torch.float32, seed + 2), randn((b, s, width), torch.float32,
+                                                                    seed + 3)
+    outs = rope_qk.rope_cos_sin(q, k, cos, sin, 1, backward=backward, pairs=pairs)
+    (plan,) = rope_qk._PLANS.values()
+    interleaved = rope_qk.HF_PAIRS[pairs][1]
+    assert plan.constexprs["ROW"] == (16 if mode.get("whole_rows") and not interleaved else 0)
+    for x, out, name in zip((q, k), outs, "qk"):
+        ref = (_hf_backward_reference if backward else hf_reference)(x, cos, sin, pairs=pairs)
+        assert_rope_close(out, ref, torch.float32, name)
 
 
 @pytest.mark.parametrize("same_table", [True, False])
@@ -810,7 +839,7 @@ def test_parts_outer_rule(monkeypatch):
     assert not rule(False, False, False, 32, 8, 8, 8)
 
 
-@pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
+@pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize("rotary_dim", [20, 12])
 def test_every_program_shape_the_same_bits(call, rotary_dim, seed, monkeypatch):
     """One call (5 q and 3 k heads of 20 channels, 20 or 12 rotated) in every program shape of
@@ -834,7 +863,7 @@ def test_every_program_shape_the_same_bits(call, rotary_dim, seed, monkeypatch):
             assert torch.equal(got, ref), f"{name}, {m}"
 
 
-@pytest.mark.parametrize("call", ["cache half-split", "cache interleaved", "hf half", "hf glm"])
+@pytest.mark.parametrize("call", CALLS)
 @pytest.mark.parametrize("block_s,block_hk", [(1, 2), (2, 2), (2, 1)])
 def test_program_order_by_part(call, block_s, block_hk, seed, monkeypatch):
     """Grouped-query q and k (6 and 2 heads) on blocks of 2 heads of q and ``block_hk`` of k, 7

@@ -367,19 +367,24 @@ def test_hf_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
 
 
 def test_hf_pairings_do_not_share_a_shortcut(shortcuts, seed, monkeypatch):
-    """rope_kernels.hf's three functions take the same tensors: calls of one signature through
-    each, repeated (the shortcut from the second call on), must each rotate their own pairs, not
-    the remembered launch of another's. Each against transformers' pairing in float64."""
+    """rope_kernels.hf's functions take the same tensors: calls of one signature through each,
+    repeated (the shortcut from the second call on), must each rotate their own pairs, not the
+    remembered launch of another's. cos and sin cover the whole head (every convention with one
+    entry per channel accepts them), or half of it for GPT-OSS's functions, which Llama's takes
+    too (rotating part of the head). Each against transformers' convention in float64."""
     monkeypatch.setattr(rope_qk, "_PLANS", {})
-    q, k, cos, sin = _hf_inputs(seed, rotary_dim=24)  # whole head: every pairing accepts it
+    q, k, cos, sin = _hf_inputs(seed, rotary_dim=24)
+    narrow = cos[..., :12].contiguous(), sin[..., :12].contiguous()
+    calls = [(pairs, fn, narrow if pairs.endswith("_per_pair") else (cos, sin))
+             for pairs, fn in HF_FUNCTIONS.items()] + [("half", HF_FUNCTIONS["half"], narrow)]
     for call in range(3):
-        for pairs, fn in HF_FUNCTIONS.items():
-            q_embed, k_embed = fn(q, k, cos, sin)
-            assert_rope_close(q_embed, hf_reference(q, cos, sin, pairs=pairs), torch.bfloat16,
-                              f"{pairs} q {call}")
-            assert_rope_close(k_embed, hf_reference(k, cos, sin, pairs=pairs), torch.bfloat16,
-                              f"{pairs} k {call}")
-    assert len(_entries(shortcuts)) == 3
+        for pairs, fn, (c, s) in calls:
+            q_embed, k_embed = fn(q, k, c, s)
+            assert_rope_close(q_embed, hf_reference(q, c, s, pairs=pairs), torch.bfloat16,
+                              f"{pairs} q {call}, cos {c.shape[-1]} wide")
+            assert_rope_close(k_embed, hf_reference(k, c, s, pairs=pairs), torch.bfloat16,
+                              f"{pairs} k {call}, cos {c.shape[-1]} wide")
+    assert len(_entries(shortcuts)) == len(calls)
 
 
 def test_hf_calls_differing_only_in_sin_dtype_get_their_own_plan(shortcuts, seed, monkeypatch):

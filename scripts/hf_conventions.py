@@ -1,0 +1,176 @@
+"""GPT-OSS's, OpenAI's privacy filter's and NanoChat's functions of ``rope_kernels.hf`` at their
+models' shapes, against Llama's function of ours on the same q and k, transformers' own functions
+and a copy of the same bytes (GPU only).
+
+    python scripts/hf_conventions.py [--out figures/hf_conventions_h200.json] [--rounds 3]
+
+GPT-OSS's cos and sin have one entry per pair (``[b, s, head_dim / 2]``), the privacy filter's
+too with interleaved pairs, and NanoChat rotates by -theta: the kernel reads the narrower tables
+(or negates sin) and otherwise takes the tiles of Llama's tables. This measures what that costs
+or saves against Llama's call given the same q and k and the table it would take (``cat(cos,
+cos)``, one entry per channel), in bf16, on the ``[b, h, s, d]`` views of ``[b, s, h, d]``
+projections that models hand over, ``batch`` x 4096 tokens:
+
+- ``gpt_oss``: 64 q / 8 k heads of 64 (gpt-oss-20b's and -120b's attention);
+- ``privacy_filter``: 14 q / 2 k heads of 64 (transformers' default OpenAIPrivacyFilterConfig);
+- ``nanochat``: 10 q / 10 k heads of 128 (nanochat's d20).
+
+Rows, each timed with ``bench.time_ms`` (do_bench median, L2 flushed) in shuffled rounds:
+``ours`` (the family's function, forward), ``ours backward`` (its kernel's backward call),
+``ours llama`` (Llama's function of ours, same q and k, the duplicated table; for the
+privacy filter Cohere's, its interleaved twin), ``transformers`` (the family's own function,
+eager, forward), ``copy_same`` (a copy of the bytes ``ours`` moves). Bytes: q and k read and
+written, plus each call's cos and sin read once. Before timing, each call of ours is checked
+against the family's function run in float64. ``decode``: 64 tokens of one sequence, back-to-back
+calls (``bench.time_per_call_us``, Python launch included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pathlib
+import random
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import rope_kernels.hf as hf  # noqa: E402
+from rope_kernels import bench, rope_qk  # noqa: E402
+
+# family -> (transformers module, q heads, k heads, head_dim, ours, Llama's pairing of ours, pairs)
+FAMILIES = {
+    "gpt_oss": ("gpt_oss", 64, 8, 64, hf.apply_rotary_pos_emb_gpt_oss, hf.apply_rotary_pos_emb,
+                "half_per_pair"),
+    "privacy_filter": ("openai_privacy_filter", 14, 2, 64,
+                       hf.apply_rotary_pos_emb_gpt_oss_interleaved,
+                       hf.apply_rotary_pos_emb_interleaved, "interleaved_per_pair"),
+    "nanochat": ("nanochat", 10, 10, 128, hf.apply_rotary_pos_emb_nanochat,
+                 hf.apply_rotary_pos_emb, "half_negated"),
+}
+TOKENS = 4096
+
+
+def _inputs(q_heads, k_heads, head_dim, batch, tokens, per_pair, seed=0):
+    """q, k ([b, h, s, d] views of [b, s, h, d]), the family's cos and sin, and the table Llama's
+    (or Cohere's) function takes for the same rotation."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, tokens, q_heads, head_dim, device="cuda", generator=g,
+                    dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(batch, tokens, k_heads, head_dim, device="cuda", generator=g,
+                    dtype=torch.bfloat16).transpose(1, 2)
+    angles = torch.rand(batch, tokens, head_dim // 2, device="cuda", generator=g) * 6.3
+    if per_pair:
+        cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+        return q, k, cos, sin
+    emb = torch.cat((angles, angles), -1)
+    return q, k, emb.cos().bfloat16(), emb.sin().bfloat16()
+
+
+def _llama_tables(cos, sin, pairs):
+    """The table of one entry per channel that Llama's (Cohere's) function takes for the
+    rotation ``pairs``' function does with ``cos`` and ``sin``."""
+    if pairs == "half_per_pair":
+        return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    if pairs == "interleaved_per_pair":
+        return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+    return cos, -sin  # NanoChat's -theta
+
+
+def _check(theirs, ours, q, k, cos, sin):
+    want = theirs(q.double(), k.double(), cos.double(), sin.double())
+    for w, g in zip(want, ours(q, k, cos, sin)):
+        torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
+
+
+def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict]:
+    module_name, hq, hk, d, ours, llama, pairs = FAMILIES[family]
+    theirs = importlib.import_module(
+        f"transformers.models.{module_name}.modeling_{module_name}").apply_rotary_pos_emb
+    q, k, cos, sin = _inputs(hq, hk, d, batch, TOKENS, pairs.endswith("_per_pair"))
+    lcos, lsin = _llama_tables(cos, sin, pairs)
+    _check(theirs, ours, q, k, cos, sin)
+    _check(theirs, llama, q, k, lcos, lsin)
+    qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
+    table = 2 * cos.numel() * cos.element_size()
+    ltable = 2 * lcos.numel() * lcos.element_size()
+    calls = {
+        "ours": (lambda: ours(q, k, cos, sin), qk_bytes + table),
+        "ours backward": (lambda: rope_qk.rope_cos_sin(q, k, cos, sin, 1, backward=True,
+                                                       pairs=pairs), qk_bytes + table),
+        "ours llama": (lambda: llama(q, k, lcos, lsin), qk_bytes + ltable),
+        "transformers": (lambda: theirs(q, k, cos, sin), qk_bytes + table),
+    }
+    src = torch.empty((qk_bytes + table) // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    calls["copy_same"] = (lambda: dst.copy_(src), qk_bytes + table)
+    for fn, _ in calls.values():
+        fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in calls}
+    for r in range(rounds):
+        items = list(calls.items())
+        random.Random(r).shuffle(items)
+        for name, (fn, _) in items:
+            times[name].append(bench.time_ms(fn) * 1e3)
+    rows = []
+    for name, (_, nbytes) in calls.items():
+        us = statistics.median(times[name])
+        rows.append(dict(family=family, batch=batch, tokens=TOKENS, q_heads=hq, k_heads=hk,
+                         head_dim=d, call=name, mbytes=nbytes / 1e6, time_us=us,
+                         spread_us=[min(times[name]), max(times[name])],
+                         of_copy=nbytes / (us * 1e-6) / 1e9 / copy_gbps))
+    return rows
+
+
+def decode(family: str) -> list[dict]:
+    module_name, hq, hk, d, ours, llama, pairs = FAMILIES[family]
+    theirs = importlib.import_module(
+        f"transformers.models.{module_name}.modeling_{module_name}").apply_rotary_pos_emb
+    q, k, cos, sin = _inputs(hq, hk, d, 1, 64, pairs.endswith("_per_pair"))
+    lcos, lsin = _llama_tables(cos, sin, pairs)
+    _check(theirs, ours, q, k, cos, sin)
+    calls = {"ours": lambda: ours(q, k, cos, sin), "ours llama": lambda: llama(q, k, lcos, lsin),
+             "transformers": lambda: theirs(q, k, cos, sin)}
+    return [dict(family=family, batch=1, tokens=64, q_heads=hq, k_heads=hk, head_dim=d,
+                 call=f"decode {name}", us_per_call=bench.time_per_call_us(fn, repeats=4))
+            for name, fn in calls.items()]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path,
+                        default=ROOT / "figures" / "hf_conventions_h200.json")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, nargs="+", default=[4, 16])
+    args = parser.parse_args(argv)
+    copy_gbps = bench.copy_bandwidth_gbps()
+    rows = []
+    for family in FAMILIES:
+        for batch in args.batches:
+            rows += measure(family, batch, args.rounds, copy_gbps)
+            for r in rows[-5:]:
+                print(f"{family:15s} b{batch:<3d} {r['call']:14s} {r['mbytes']:8.1f} MB "
+                      f"{r['time_us']:8.1f} us {r['of_copy']:.3f}", flush=True)
+        rows += decode(family)
+        for r in rows[-3:]:
+            print(f"{family:15s} {r['call']:20s} {r['us_per_call']:.1f} us", flush=True)
+    prov = bench.provenance(copy_gbps, "hf_conventions")
+    prov["command"] = "python scripts/hf_conventions.py " + " ".join(argv or sys.argv[1:])
+    import transformers
+
+    prov["transformers"] = transformers.__version__
+    prov["bytes"] = ("q and k read and written, plus the call's cos and sin read once (bf16; "
+                     "Llama's call of ours: the duplicated table of one entry per channel)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1) + "\n")
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
