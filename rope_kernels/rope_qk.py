@@ -980,11 +980,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     is bigger (32q/8k, 32q/32k, fp32) the rules above stay ahead by 1-3 points, and at bf16
     head_dim 64 the cache's all-heads program is 1 point ahead of it.
 
-    GPT-OSS's tables (one entry per pair, half-split pairs) and NanoChat's (sin negated) take
-    the tiles of Llama's tables: the same accesses of q and k, the tables half as wide or the
-    same."""
-    if (angles == ANGLES["cos_sin_half"] and not interleaved) or angles == ANGLES["cos_sin_neg"]:
-        angles = ANGLES["cos_sin"]
+    GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
+    Llama's (2): see ``_tile_angles``."""
     width = _next_pow2(head_dim)
     row = width * element_size
     if (NARROWED_ROWS and on_gpu and narrowed and not interleaved and element_size == 4
@@ -1189,7 +1186,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     transposed = (seq_len > 1 and q_heads > 1
                   and (abs(q_in[0]) < abs(q_in[2])) != (abs(q_out[0]) < abs(q_out[2])))
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         angles, rotary_dim, in_place, transposed, words, narrowed)
+                         _tile_angles(angles, interleaved), rotary_dim, in_place, transposed,
+                         words, narrowed)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # k's (and v's) blocks may have a size of their own (block_hk): the all-heads programs size
@@ -1251,6 +1249,15 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         ROW=_next_pow2(head_dim) if cfg.get("whole_rows") and not interleaved else 0,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
+
+
+def _tile_angles(angles: int, interleaved: bool) -> int:
+    """The tables whose tiles a call takes (``default_config``'s ``angles``): GPT-OSS's (one
+    entry per pair with half-split pairs) and NanoChat's (sin negated) take those of Llama's
+    tables, whose accesses of q and k are the same (the tables half as wide, or the same)."""
+    if (angles == ANGLES["cos_sin_half"] and not interleaved) or angles == ANGLES["cos_sin_neg"]:
+        return ANGLES["cos_sin"]
+    return angles
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:

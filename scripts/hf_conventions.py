@@ -82,9 +82,8 @@ def _llama_tables(cos, sin, pairs):
     return cos, -sin  # NanoChat's -theta
 
 
-def _check(theirs, ours, q, k, cos, sin):
-    want = theirs(q.double(), k.double(), cos.double(), sin.double())
-    for w, g in zip(want, ours(q, k, cos, sin)):
+def _check(want, got):
+    for w, g in zip(want, got):
         torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
 
 
@@ -94,8 +93,10 @@ def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict
         f"transformers.models.{module_name}.modeling_{module_name}").apply_rotary_pos_emb
     q, k, cos, sin = _inputs(hq, hk, d, batch, TOKENS, pairs.endswith("_per_pair"))
     lcos, lsin = _llama_tables(cos, sin, pairs)
-    _check(theirs, ours, q, k, cos, sin)
-    _check(theirs, llama, q, k, lcos, lsin)
+    want = theirs(q.double(), k.double(), cos.double(), sin.double())  # the family's, exact
+    _check(want, ours(q, k, cos, sin))
+    _check(want, llama(q, k, lcos, lsin))  # the same rotation
+    del want
     qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
     table = 2 * cos.numel() * cos.element_size()
     ltable = 2 * lcos.numel() * lcos.element_size()
@@ -134,7 +135,9 @@ def decode(family: str) -> list[dict]:
         f"transformers.models.{module_name}.modeling_{module_name}").apply_rotary_pos_emb
     q, k, cos, sin = _inputs(hq, hk, d, 1, 64, pairs.endswith("_per_pair"))
     lcos, lsin = _llama_tables(cos, sin, pairs)
-    _check(theirs, ours, q, k, cos, sin)
+    want = theirs(q.double(), k.double(), cos.double(), sin.double())
+    _check(want, ours(q, k, cos, sin))
+    _check(want, llama(q, k, lcos, lsin))
     calls = {"ours": lambda: ours(q, k, cos, sin), "ours llama": lambda: llama(q, k, lcos, lsin),
              "transformers": lambda: theirs(q, k, cos, sin)}
     return [dict(family=family, batch=1, tokens=64, q_heads=hq, k_heads=hk, head_dim=d,

@@ -426,6 +426,20 @@ def test_default_config_of_pairs_as_words():
                         == rope_qk.default_config(*args, False, *rest)), (args, rest)
 
 
+def test_other_conventions_take_llamas_tiles():
+    """GPT-OSS's tables (one entry per pair, half-split pairs) and NanoChat's (sin negated) are
+    planned with the tiles of Llama's tables; every other table keeps its own rules (GLM's and
+    the privacy filter's, one entry per pair with interleaved pairs, among them)."""
+    angles = rope_qk.ANGLES
+    assert rope_qk._tile_angles(angles["cos_sin_half"], False) == angles["cos_sin"]
+    assert rope_qk._tile_angles(angles["cos_sin_neg"], False) == angles["cos_sin"]
+    for name, value in angles.items():
+        if name != "cos_sin_neg":
+            assert rope_qk._tile_angles(value, True) == value, name
+        if name not in ("cos_sin_half", "cos_sin_neg"):
+            assert rope_qk._tile_angles(value, False) == value, name
+
+
 def test_default_config_of_narrowed_heads(monkeypatch):
     """In place with part of the head rotated, float32, half-split pairs, 8 q and k heads or more,
     on a GPU: whole rows, 1 token x 8 heads on 2 warps for rows of 64 channels (256 B), 2 x 8 for
