@@ -109,26 +109,29 @@ def stand_in_driver(capability: int = 90):
         driver._active = saved
 
 
-@pytest.fixture(scope="module")
-def compiled_modules():
-    """The kernel files loaded as their own modules with the interpreter off (Triton reads
-    TRITON_INTERPRET when ``@triton.jit`` runs); the environment is put back at once."""
+def load_compiled(path: pathlib.Path, name: str):
+    """The kernel file at ``path`` loaded as its own module ``name`` with the interpreter off
+    (Triton reads TRITON_INTERPRET when ``@triton.jit`` runs); the environment is put back at
+    once."""
     saved_env = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
-    modules = {}
     try:
-        for name in ("rope_2d", "rope_qk"):
-            spec = importlib.util.spec_from_file_location(f"compiled_{name}",
-                                                          ROOT / "rope_kernels" / f"{name}.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            modules[name] = module
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     finally:
         if saved_env is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = saved_env
-    return modules
+    return module
+
+
+@pytest.fixture(scope="module")
+def compiled_modules():
+    """The kernel files loaded as their own modules, compiled (``load_compiled``)."""
+    return {name: load_compiled(ROOT / "rope_kernels" / f"{name}.py", f"compiled_{name}")
+            for name in ("rope_2d", "rope_qk")}
 
 
 def cuobjdump(compiled, option: str) -> str:
