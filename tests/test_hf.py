@@ -1,8 +1,10 @@
 """rope_kernels.hf's functions against Hugging Face transformers' own code: its Llama and
-GPT-NeoX (partial rotary) functions, and those of the interleaved pairings (Cohere's, GLM's,
-Helium's), on the cos/sin their rotary modules produce, and tiny randomly initialised Llama,
-GPT-NeoX, Cohere and GLM models (no downloads) whose logits and gradients must not change when
-our function is assigned over theirs."""
+GPT-NeoX (partial rotary) functions, those of the interleaved pairings (Cohere's, GLM's,
+Helium's) and of the other conventions (GPT-OSS's and OpenAI's privacy filter's tables of one
+entry per pair, NanoChat's -theta), on the cos/sin their rotary modules produce, and tiny
+randomly initialised Llama, GPT-NeoX, Cohere, GLM, GPT-OSS, privacy-filter and NanoChat models
+(no downloads) whose logits and gradients must not change when our function is assigned over
+theirs."""
 
 from __future__ import annotations
 
