@@ -407,16 +407,16 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs) -> None:
     if lead[1] != s or lead[0] not in (1, b):
         raise ValueError(f"cos must be [b or 1, s, rotary_dim] with b = {b}, s = {s}, got "
                          f"{tuple(cos.shape)}")
+    rotary_dim = cos.shape[-1]
     if pairs.endswith("_per_pair"):
         gpt_oss = ("apply_rotary_pos_emb_gpt_oss" if pairs == "half_per_pair"
                    else "apply_rotary_pos_emb_gpt_oss_interleaved")
-        if 2 * cos.shape[-1] != d or d == 0:
+        if 2 * cos.shape[-1] != d:
             raise ValueError(f"cos.shape[-1] must be head_dim / 2 ({d / 2:g}) for {gpt_oss}, whose "
                              f"cos and sin have one entry per pair and rotate the whole head "
                              f"(as GPT-OSS's), got {cos.shape[-1]}; for cos and sin of one "
                              f"entry per channel use rope_kernels.hf.apply_rotary_pos_emb")
-        return _same_devices(q, k, cos, sin)
-    rotary_dim = cos.shape[-1]
+        rotary_dim = d
     if rotary_dim == 0 or rotary_dim % 2 or rotary_dim > d:
         raise ValueError(f"cos.shape[-1] (rotary_dim) must be even, positive and <= head_dim "
                          f"({d}), got {rotary_dim}")
@@ -425,10 +425,6 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs) -> None:
                          f"cos and sin per channel (transformers' Cohere function multiplies q "
                          f"by cos whole), got {rotary_dim}; for GLM's partial rotary use "
                          f"rope_kernels.hf.apply_rotary_pos_emb_glm")
-    _same_devices(q, k, cos, sin)
-
-
-def _same_devices(q, k, cos, sin) -> None:
     for name, x in (("k", k), ("cos", cos), ("sin", sin)):
         _same_device(name, x, q.device)
 

@@ -125,23 +125,31 @@ def time_ms_host_ahead(fn: Callable[[], object], warmup: int = 20, rep: int = 60
     return statistics.median(timed_calls(max(1, int(rep / estimate))))
 
 
-def shuffled_rounds(fns: dict, nbytes: int, copy_gbps: float, rounds: int,
-                    timer: Optional[Callable[[Callable[[], object]], float]] = None) -> dict:
-    """name -> the fractions of ``copy_gbps`` each callable reached, one per round: after one
-    warm-up call each, every round times every callable once (``timer``, ``time_ms`` unless
-    given; ``nbytes`` moved a call) in its own shuffled order, so that slow drift of the machine
-    spreads over all of them instead of landing on whichever runs first (the scripts' A/Bs)."""
+def shuffled_times(fns: dict, rounds: int,
+                   timer: Optional[Callable[[Callable[[], object]], float]] = None) -> dict:
+    """name -> the milliseconds ``timer`` (``time_ms`` unless given) gave each callable, one per
+    round: after one warm-up call each, every round times every callable once in its own
+    shuffled order, so that slow drift of the machine spreads over all of them instead of
+    landing on whichever runs first (the scripts' A/Bs)."""
     timer = timer or time_ms
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
-    fractions = {name: [] for name in fns}
+    times = {name: [] for name in fns}
     for r in range(rounds):
         items = list(fns.items())
         random.Random(r).shuffle(items)
         for name, fn in items:
-            fractions[name].append(nbytes / timer(fn) / 1e6 / copy_gbps)
-    return fractions
+            times[name].append(timer(fn))
+    return times
+
+
+def shuffled_rounds(fns: dict, nbytes: int, copy_gbps: float, rounds: int,
+                    timer: Optional[Callable[[Callable[[], object]], float]] = None) -> dict:
+    """name -> the fractions of ``copy_gbps`` each callable reached, one per round of
+    ``shuffled_times`` (``nbytes`` moved a call)."""
+    return {name: [nbytes / ms / 1e6 / copy_gbps for ms in times]
+            for name, times in shuffled_times(fns, rounds, timer).items()}
 
 
 def copy_bandwidth_gbps(nbytes: int = 2 * 1024**3) -> float:

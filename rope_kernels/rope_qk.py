@@ -200,15 +200,16 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     # level elsewhere and on 3.7.1 (probes, not recorded; docs/performance_notes.md: the same
     # instructions in another order, 64 registers against 66).
     s_ch = partner if BACKWARD else tl.where(rotated, c, partner)
-    if ANGLES == 1:  # cos_sin_cache rows: pair j's cos at j, its sin at d2/2 + j
+    if ANGLES == 1 or ANGLES == 3:
+        # One entry per pair, pair j's cos at j, which a pair's two channels share: the cache's
+        # rows (its sin at d2/2 + j) or GPT-OSS's cos and sin (its sin a table of its own).
         j = tl.where(first, c, c - half)
+        if ANGLES == 1:
+            sin_row = table_ptr + half * t_stride_d
+        else:
+            sin_row = sin_ptr
         cos = _table_row(table_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
-        sin = _table_row(table_ptr + row + (half + j)[None, :] * t_stride_d,
-                         mask).to(tl.float32)  # (a pair's two channels share it)
-    elif ANGLES == 3:  # cos and sin of one entry per pair, pair j's at j (GPT-OSS's)
-        j = tl.where(first, c, c - half)
-        cos = _table_row(table_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
-        sin = _table_row(sin_ptr + row + j[None, :] * t_stride_d, mask).to(tl.float32)
+        sin = _table_row(sin_row + row + j[None, :] * t_stride_d, mask).to(tl.float32)
     elif ANGLES == 2 or ANGLES == 4:
         cos = _table_row(table_ptr + row + c[None, :] * t_stride_d, mask).to(tl.float32)
         sin = _table_row(sin_ptr + row + s_ch[None, :] * t_stride_d, mask).to(tl.float32)

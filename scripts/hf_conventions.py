@@ -31,7 +31,6 @@ import argparse
 import importlib
 import json
 import pathlib
-import random
 import statistics
 import sys
 
@@ -87,16 +86,26 @@ def _check(want, got):
         torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2)
 
 
-def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict]:
+def _checked_call(family: str, batch: int, tokens: int):
+    """The family's shape, its function, Llama's (Cohere's) function of ours and transformers'
+    own, with inputs of ``batch`` x ``tokens``; both functions of ours checked first against
+    transformers' function run in float64. -> (shape dict, ours, llama, theirs, pairs,
+    (q, k, cos, sin), (lcos, lsin))."""
     module_name, hq, hk, d, ours, llama, pairs = FAMILIES[family]
     theirs = importlib.import_module(
         f"transformers.models.{module_name}.modeling_{module_name}").apply_rotary_pos_emb
-    q, k, cos, sin = _inputs(hq, hk, d, batch, TOKENS, pairs.endswith("_per_pair"))
+    q, k, cos, sin = _inputs(hq, hk, d, batch, tokens, pairs.endswith("_per_pair"))
     lcos, lsin = _llama_tables(cos, sin, pairs)
     want = theirs(q.double(), k.double(), cos.double(), sin.double())  # the family's, exact
     _check(want, ours(q, k, cos, sin))
     _check(want, llama(q, k, lcos, lsin))  # the same rotation
-    del want
+    shape = dict(family=family, batch=batch, tokens=tokens, q_heads=hq, k_heads=hk, head_dim=d)
+    return shape, ours, llama, theirs, pairs, (q, k, cos, sin), (lcos, lsin)
+
+
+def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict]:
+    shape, ours, llama, theirs, pairs, (q, k, cos, sin), (lcos, lsin) = _checked_call(
+        family, batch, TOKENS)
     qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
     table = 2 * cos.numel() * cos.element_size()
     ltable = 2 * lcos.numel() * lcos.element_size()
@@ -110,38 +119,22 @@ def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict
     src = torch.empty((qk_bytes + table) // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     calls["copy_same"] = (lambda: dst.copy_(src), qk_bytes + table)
-    for fn, _ in calls.values():
-        fn()
-    torch.cuda.synchronize()
-    times = {name: [] for name in calls}
-    for r in range(rounds):
-        items = list(calls.items())
-        random.Random(r).shuffle(items)
-        for name, (fn, _) in items:
-            times[name].append(bench.time_ms(fn) * 1e3)
+    times = bench.shuffled_times({name: fn for name, (fn, _) in calls.items()}, rounds)
     rows = []
     for name, (_, nbytes) in calls.items():
-        us = statistics.median(times[name])
-        rows.append(dict(family=family, batch=batch, tokens=TOKENS, q_heads=hq, k_heads=hk,
-                         head_dim=d, call=name, mbytes=nbytes / 1e6, time_us=us,
-                         spread_us=[min(times[name]), max(times[name])],
-                         of_copy=nbytes / (us * 1e-6) / 1e9 / copy_gbps))
+        us = [ms * 1e3 for ms in times[name]]
+        median = statistics.median(us)
+        rows.append(dict(**shape, call=name, mbytes=nbytes / 1e6, time_us=median,
+                         spread_us=[min(us), max(us)],
+                         of_copy=nbytes / (median * 1e-6) / 1e9 / copy_gbps))
     return rows
 
 
 def decode(family: str) -> list[dict]:
-    module_name, hq, hk, d, ours, llama, pairs = FAMILIES[family]
-    theirs = importlib.import_module(
-        f"transformers.models.{module_name}.modeling_{module_name}").apply_rotary_pos_emb
-    q, k, cos, sin = _inputs(hq, hk, d, 1, 64, pairs.endswith("_per_pair"))
-    lcos, lsin = _llama_tables(cos, sin, pairs)
-    want = theirs(q.double(), k.double(), cos.double(), sin.double())
-    _check(want, ours(q, k, cos, sin))
-    _check(want, llama(q, k, lcos, lsin))
+    shape, ours, llama, theirs, _, (q, k, cos, sin), (lcos, lsin) = _checked_call(family, 1, 64)
     calls = {"ours": lambda: ours(q, k, cos, sin), "ours llama": lambda: llama(q, k, lcos, lsin),
              "transformers": lambda: theirs(q, k, cos, sin)}
-    return [dict(family=family, batch=1, tokens=64, q_heads=hq, k_heads=hk, head_dim=d,
-                 call=f"decode {name}", us_per_call=bench.time_per_call_us(fn, repeats=4))
+    return [dict(**shape, call=f"decode {name}", us_per_call=bench.time_per_call_us(fn, repeats=4))
             for name, fn in calls.items()]
 
 

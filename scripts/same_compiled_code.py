@@ -10,7 +10,8 @@ with Triton's interpreter off, plans each call below on meta tensors as for a CU
 tiles and constexprs the entry points choose there), compiles both files' launches for
 ``sm_<capability>`` through the stand-in driver of ``tests/test_compiled_tiles.py`` (nothing is
 launched) and compares the plans and the SASS (``cuobjdump -sass``). Calls: the cos/sin cache
-(half-split and interleaved pairs, out of place and in place, forward and backward), Hugging
+(half-split and interleaved pairs, the whole head and half of it rotated, out of place and in
+place, forward and backward), Hugging
 Face's functions (Llama's, Cohere's, GLM's; the whole head and half of it; in place), fused QKV
 (half-split, interleaved), at the benchmark's q+k shape (16 x 4096 tokens, 32 q / 8 k heads of
 128) and at head_dim 64 with 16 q / 4 k heads, in bf16 and fp32. Prints one line per launch
@@ -37,7 +38,7 @@ def calls(qk, dtype, hq, hk, d):
     """name -> a call of ``qk``'s entry points on meta tensors (one launch each)."""
     b, s = 16, 4096
     tokens = b * s
-    positions, cache = meta(tokens, dtype=torch.int64), meta(4096, d, dtype=torch.float32)
+    positions = meta(tokens, dtype=torch.int64)
     q, k = meta(tokens, hq * d, dtype=dtype), meta(tokens, hk * d, dtype=dtype)
     hq_view = meta(b, s, hq, d, dtype=dtype).transpose(1, 2)
     hk_view = meta(b, s, hk, d, dtype=dtype).transpose(1, 2)
@@ -46,12 +47,15 @@ def calls(qk, dtype, hq, hk, d):
     out = {}
     for neox in (True, False):
         pairs = "half-split" if neox else "interleaved"
-        for backward in (False, True):
-            step = "backward" if backward else "forward"
-            out[f"cache {pairs} {step}"] = lambda neox=neox, backward=backward: (
-                qk.rope_cos_sin_cache(positions, q, k, d, cache, neox, backward=backward))
-        out[f"cache {pairs} in place"] = lambda neox=neox: qk.rope_cos_sin_cache(
-            positions, q, k, d, cache, neox, query_out=q, key_out=k)
+        for rotary_dim in (d, d // 2):
+            cache = meta(4096, rotary_dim, dtype=torch.float32)
+            name = f"cache {pairs} rotary {rotary_dim}"
+            for backward in (False, True):
+                step = "backward" if backward else "forward"
+                out[f"{name} {step}"] = lambda cache=cache, neox=neox, backward=backward: (
+                    qk.rope_cos_sin_cache(positions, q, k, d, cache, neox, backward=backward))
+            out[f"{name} in place"] = lambda cache=cache, neox=neox: qk.rope_cos_sin_cache(
+                positions, q, k, d, cache, neox, query_out=q, key_out=k)
         out[f"fused qkv {pairs}"] = lambda neox=neox: qk.rope_qkv(
             qkv, freqs, freqs, (4 * d, d, d), "sbhd", None, not neox)
     for pairs in ("half", "interleaved", "glm"):
@@ -86,10 +90,9 @@ def main(argv=None) -> int:
         differ = 0
         for dtype in (torch.bfloat16, torch.float32):
             for hq, hk, d in ((32, 8, 128), (16, 4, 64)):
-                names = calls(before, dtype, hq, hk, d)
-                for name in names:
-                    launches = [gpu_launch(m, calls(m, dtype, hq, hk, d)[name])
-                                for m in (before, after)]
+                both = [calls(m, dtype, hq, hk, d) for m in (before, after)]
+                for name in both[0]:
+                    launches = [gpu_launch(m, made[name]) for m, made in zip((before, after), both)]
                     (plan_b, ptrs_b), (plan_a, ptrs_a) = launches
                     same_plan = (plan_b.grid, plan_b.scalars, plan_b.constexprs,
                                  plan_b.num_warps, ptrs_b) == (plan_a.grid, plan_a.scalars,

@@ -726,9 +726,7 @@ _FAMILIES = {
 
 
 def _their_function(name):
-    module = pytest.importorskip(f"transformers.models.{name}.modeling_{name}",
-                                 reason=f"{name} is not in this transformers")
-    return module.apply_rotary_pos_emb
+    return _modeling(name).apply_rotary_pos_emb
 
 
 def _random_call(seed, width=16):

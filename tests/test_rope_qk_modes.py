@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, assert_rope_close, hf_reference, randn
+from conftest import DEVICE, assert_rope_close, hf_cos_width, hf_reference, randn
 from rope_kernels import RotaryPositionEmbedding, rope_qk, rope_reference
 from test_serving import make_cache, reference as cache_reference
 
@@ -201,7 +201,7 @@ def test_hf_conventions(mode, pairs, backward, seed):
     b, s, q_heads, k_heads, d = 2, 3, 5, 3, 16
     q = randn((b, s, q_heads, d), torch.float32, seed).transpose(1, 2)
     k = randn((b, s, k_heads, d), torch.float32, seed + 1).transpose(1, 2)
-    width = d // 2 if pairs.endswith("_per_pair") else d
+    width = hf_cos_width(pairs, d, d)
     cos, sin = randn((b, s, width), torch.float32, seed + 2), randn((b, s, width), torch.float32,
                                                                     seed + 3)
     outs = rope_qk.rope_cos_sin(q, k, cos, sin, 1, backward=backward, pairs=pairs)
