@@ -819,6 +819,10 @@ NARROWED_ROWS = True
 PARTS_OUTER = True
 # q's and k's loads issued before the positions' (``X_FIRST`` in the kernel; ``_x_first``).
 LOADS_BEFORE_POSITIONS = True
+# Tiles of their own for 16-bit half-split calls of the cos/sin cache and Hugging Face's tables
+# whose head counts the rules below fit badly: blocks partly masked (10, 12, 20 or 40 heads in
+# blocks of 8 or 16), or 4 warps where 2 move more (``_head_count_tile``).
+HEAD_COUNT_TILES = True
 
 
 def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
@@ -844,6 +848,64 @@ def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_hea
     v) whose heads fill their blocks."""
     return (PARTS_OUTER and not all_heads and not token_blocks_fastest and not has_v
             and q_heads % block_h == 0 and k_heads % block_hk == 0)
+
+
+def _head_count_tile(q_heads: int, k_heads: int, row: int, angles: int) -> Optional[dict]:
+    """The tile of a 16-bit half-split call of the cos/sin cache (``angles`` 1) or Hugging
+    Face's tables (2) with the whole head rotated, rows of ``row`` bytes (head_dim 64 or 128),
+    where the rules of ``default_config`` below fit its head counts badly; None elsewhere. Models
+    bring head counts that are not powers of two (NanoChat's 10, Qwen2.5's 14/2, 28/4 and 40/8,
+    Llama 2 13B's 40, Phi-3 medium's 40/10), and those rules were measured at powers of two:
+    their head blocks of 8 or 16 (2 or 4 KB) leave part of a block masked at 10, 12, 20 or 40
+    heads, and their loads-first programs run on 4 warps where 2 move more.
+
+    A probe on an H200 (bf16, 16 x 4096 tokens, 3 shuffled rounds, 7 tiles a call, not
+    recorded) found the rules 1 to 25 points of copy behind the best tile at such counts; the
+    rules here are that probe's best tiles, and ``scripts/qk_head_counts.py`` records them
+    against the rules before (see ``default_config``):
+
+    - 128 B rows, q not a power of two in at most 4 KB, k under 2 KB: loads first on 2 warps,
+      both tables (14q/2k Hugging Face's 0.627 -> 0.860 of copy).
+    - 128 B rows, the cache, q over 4 KB and k under 2 KB: 2 tokens x 8 heads on 2 warps (40q/8k
+      0.890 -> 0.966), as Hugging Face's tables where the generic tile would mask part of its
+      head block (40q/40k 0.938 -> 0.984).
+    - 256 B rows, Hugging Face's tables, k of 2 KB or more: loads first where q fits 4 KB, on 2
+      warps while k is under 4 KB (16q/8k 0.914 -> 0.961); loads first on 2 warps where q is
+      4-8 KB and does not fill 4 KB blocks (20q/20k 0.861 -> 0.964); else 4 KB blocks, partly
+      masked or not (40q/10k 0.925 -> 0.975).
+    - 256 B rows, the cache, k of 2 KB or more in counts that are not multiples of 8: loads
+      first on 4 warps where q fits 4 KB (10q/10k 0.868 -> 0.931), else all heads of a token a
+      program in 2 KB blocks on 2 warps (20q/20k 0.926 -> 0.968); where q and k are multiples of
+      8 but the generic tile would mask part of its block, 2 KB blocks (40q/40k 0.945 -> 0.988);
+      q over 4 KB and k under 2 KB, 2 tokens x 4 heads on 2 warps (28q/4k 0.915 -> 0.972)."""
+    q_bytes, k_bytes, both = q_heads * row, k_heads * row, (q_heads + k_heads) * row
+    power_of_two = q_heads & (q_heads - 1) == 0
+    # The head block of the generic tile at the end of default_config (TILE_BYTES of heads).
+    generic = min(_next_pow2(min(q_heads, k_heads)), _floor_pow2(TILE_BYTES // row))
+    generic_masks = q_heads % generic != 0 or k_heads % generic != 0
+    cache, hf = angles == ANGLES["cache"], angles == ANGLES["cos_sin"]
+    if row == 128:
+        if q_bytes <= 4096 and k_bytes < 2048 and k_heads <= q_heads and not power_of_two:
+            return _loads_first(q_heads, k_heads, num_warps=2)
+        if q_bytes > 4096 and ((cache and k_bytes < 2048 and both <= 16384)
+                               or (hf and generic_masks)):
+            return dict(block_s=2, block_h=8, num_warps=2, all_heads=False)
+    elif row == 256 and hf and k_bytes >= 2048 and k_heads <= q_heads:
+        if q_bytes <= 4096:
+            two = k_bytes < 4096 and (q_bytes == 4096 or not power_of_two)
+            return _loads_first(q_heads, k_heads, num_warps=2 if two else 4)
+        if q_bytes < 8192 and q_heads % 16 != 0:
+            return _loads_first(q_heads, k_heads, num_warps=2)
+        return dict(block_s=1, block_h=16, num_warps=2, all_heads=False)
+    elif row == 256 and cache:
+        if (k_bytes >= 2048 and (q_heads % 8 != 0 or k_heads % 8 != 0) and q_bytes < 8192
+                and k_heads <= q_heads):
+            return _loads_first(q_heads, k_heads, num_warps=4)
+        if k_bytes >= 2048 and both > 16384 and generic_masks:
+            return dict(block_s=1, block_h=8, num_warps=2, all_heads=False)
+        if q_bytes > 4096 and k_bytes < 2048 and both <= 16384:
+            return dict(block_s=2, block_h=4, num_warps=2, all_heads=False)
+    return None
 
 
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
@@ -1049,6 +1111,13 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         interleaved = False
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
+    if (HEAD_COUNT_TILES and on_gpu and element_size == 2 and not interleaved and not words
+            and not narrowed and not transposed and rotary_dim in (None, head_dim)
+            and width in (64, 128) and head_dim == width):
+        tile = _head_count_tile(q_heads, k_heads, row, angles)
+        if tile is not None:
+            tile["block_s"] = min(tile["block_s"], _next_pow2(max(1, seq_len)))
+            return tile
     if (on_gpu and transposed and not interleaved and 64 <= width <= 128
             and min(q_heads, k_heads) >= TRANSPOSED_TILE[1]):
         return dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),

@@ -456,6 +456,44 @@ def serving_and_hf_launches(qk, dtype) -> dict:
     return launches
 
 
+def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
+    """{name: launch} of calls that ``rope_qk.HEAD_COUNT_TILES`` plans in 16-bit: Hugging Face's
+    tables at 20 q / 20 k heads of 128 (loads first on 2 warps, q in a block of 32 heads) and 14
+    q / 2 k of 64 (Qwen2.5 0.5B's), the cache at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4
+    heads), 20 q / 20 k of 128 (loads first on 4 warps) and 40 q / 8 k of 64 (2 tokens x 8)."""
+    positions = meta(4096, dtype=torch.int64)
+    launches = {}
+    for name, heads, k_heads, head_dim in (("hf 20q/20k", 20, 20, 128), ("hf 14q/2k", 14, 2, 64)):
+        hq = meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2)
+        hk = meta(4, 1024, k_heads, head_dim, dtype=dtype).transpose(1, 2)
+        cos, sin = meta(1, 1024, head_dim, dtype=dtype), meta(1, 1024, head_dim, dtype=dtype)
+        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin))
+    for name, heads, k_heads, head_dim in (("cache 28q/4k", 28, 4, 128),
+                                           ("cache 20q/20k", 20, 20, 128),
+                                           ("cache 40q/8k", 40, 8, 64)):
+        q, k = meta(4096, heads * head_dim, dtype=dtype), meta(4096, k_heads * head_dim, dtype=dtype)
+        cache = meta(8192, head_dim, dtype=torch.float32)
+        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, head_dim,
+                                                                      cache, True))
+    return launches
+
+
+@read_on_checked
+def test_head_count_tiles_keep_q_and_k_in_registers(compiled_modules):
+    """``HEAD_COUNT_TILES``'s plans compiled for sm_90, where they were measured, keep their
+    tiles in registers: no local memory, no stack (loads first at 20 q / 20 k heads of 128 on 2
+    warps holds two 32-head blocks: 168 registers a thread on Triton 3.6)."""
+    qk = compiled_modules["rope_qk"]
+    launches = head_count_launches(qk)
+    modes = {name: (plan.constexprs, plan.num_warps) for name, (plan, _) in launches.items()}
+    assert modes["hf 20q/20k"][0]["LOADS_FIRST"] and modes["hf 20q/20k"][0]["BLOCK_H"] == 32
+    assert (modes["cache 28q/4k"][0]["BLOCK_S"], modes["cache 28q/4k"][0]["BLOCK_H"]) == (2, 4)
+    assert all(warps == (4 if name == "cache 20q/20k" else 2) for name, (_, warps) in modes.items())
+    for name, launch in launches.items():
+        usage = cuobjdump(compile_qk(qk, launch), "-res-usage")
+        assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0\b", usage), (name, usage)
+
+
 @read_on_checked
 @in_compiled_process
 @pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
@@ -463,11 +501,14 @@ def serving_and_hf_launches(qk, dtype) -> dict:
 def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capability, dtype):
     """The serving and Hugging Face plans, as the entry points make them for a GPU: the cache's
     per-token positions, interleaved pairs read as words, Cohere's loads-first programs, GLM's
-    table of one entry a pair, GPT-OSS's, OpenAI's privacy filter's and NanoChat's."""
+    table of one entry a pair, GPT-OSS's, OpenAI's privacy filter's and NanoChat's, and the
+    tiles of ``HEAD_COUNT_TILES`` (``head_count_launches``)."""
     ptxas_for(capability)
     qk = compiled_modules["rope_qk"]
     launches = serving_and_hf_launches(qk, dtype)
     modes = {name: plan.constexprs for name, (plan, _) in launches.items()}
+    for name, launch in head_count_launches(qk, dtype).items():
+        assert built_for(compile_qk(qk, launch, capability), capability), name
     assert modes["cache"]["HAS_POSITIONS"] and modes["cache"]["INTERLEAVED"] == 0
     half_split = ("cache", "gpt_oss", "nanochat")
     assert all(modes[name]["INTERLEAVED"] == (0 if name in half_split else 2) for name in launches)

@@ -79,8 +79,8 @@ def test_cache(mode, is_neox, words, backward, seed):
 CALLS = ["cache half-split", "cache interleaved"] + [f"hf {p}" for p in rope_qk.HF_PAIRS]
 
 
-def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
-    """float32 q and k of one q+k call, rotary_dim of head_size channels rotated: "cache
+def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed, dtype=torch.float32):
+    """q and k (float32 unless ``dtype``) of one q+k call, rotary_dim of head_size channels rotated: "cache
     half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf <pairs>" of
     rope_qk.HF_PAIRS (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections; cos and sin
     rotary_dim / 2 wide for GPT-OSS's pairs, which the kernel rotates as the rest, part of the
@@ -92,8 +92,8 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
     g = torch.Generator().manual_seed(seed)
     if call.startswith("hf"):
         pairs = call.split()[1]
-        q = randn((1, tokens, q_heads, head_size), torch.float32, seed).transpose(1, 2)
-        k = randn((1, tokens, k_heads, head_size), torch.float32, seed + 1).transpose(1, 2)
+        q = randn((1, tokens, q_heads, head_size), dtype, seed).transpose(1, 2)
+        k = randn((1, tokens, k_heads, head_size), dtype, seed + 1).transpose(1, 2)
         angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
         per_pair = pairs.endswith("_per_pair")
         emb = (angles if per_pair else torch.cat((angles, angles), -1)).to(DEVICE)
@@ -107,8 +107,8 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed):
     neox = call.endswith("half-split")
     positions = torch.randint(0, 32, (tokens,), generator=g).to(DEVICE)
     cache = make_cache(32, rotary_dim)
-    q = randn((tokens, q_heads * head_size), torch.float32, seed)
-    k = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
+    q = randn((tokens, q_heads * head_size), dtype, seed)
+    k = randn((tokens, k_heads * head_size), dtype, seed + 1)
     want = [cache_reference(positions, x, head_size, cache, neox) for x in (q, k)]
 
     def run(q_out=None, k_out=None, q_in=None, k_in=None):
@@ -136,10 +136,10 @@ def _both_ways(run, q, k):
     return (q_out, k_out, q_in, k_in), out_plan, in_plan
 
 
-def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows):
+def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows, dtype=torch.float32):
     """``_both_ways`` with rope_qk's module switch ``switch`` on, then off: asserts that the
     four results are the same bits either way and that those with it on match the float64
-    references ``want`` (through ``rows``). Returns the results and the plans (out of place,
+    references ``want`` (through ``rows``; tolerances of ``dtype``). Returns the results and the plans (out of place,
     in place) with it on and with it off, keyed by the switch."""
     results, plans = {}, {}
     for flag in (True, False):
@@ -149,7 +149,7 @@ def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows):
     for got, before, name in zip(results[True], results[False], BOTH_WAYS):
         assert torch.equal(got, before), name
     for got, ref, name in zip(results[True], want * 2, BOTH_WAYS):
-        assert_rope_close(rows(got), rows(ref), torch.float32, name)
+        assert_rope_close(rows(got), rows(ref), dtype, name)
     return results, plans
 
 
@@ -355,8 +355,10 @@ def test_default_config_of_hugging_face_tables(monkeypatch):
     rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
     2 KB otherwise; loads first on 4 warps where all of q fits 4 KB and k is no bigger. Partial
     rotary, interleaved pairs and the interpreter keep their tiles (the measured reasons are in
-    default_config's docstring)."""
+    default_config's docstring). These are the rules below ``HEAD_COUNT_TILES``, switched off
+    here; test_default_config_of_head_counts has what it changes of them in 16-bit."""
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)  # the pairs' tiles (16-bit: below)
+    monkeypatch.setattr(rope_qk, "HEAD_COUNT_TILES", False)
     hf_tables = rope_qk.ANGLES["cos_sin"]
 
     def blocks(heads):
@@ -545,8 +547,10 @@ def test_default_config_of_words_in_128_byte_rows(monkeypatch):
             dict(q_heads=32, k_heads=8, transposed=True, esize=4))]
     controls.append(dict(q_heads=32, k_heads=8, angles=rope_qk.ANGLES["cache"]))
     with_rule = [config(**case) for case in controls]
-    # Turned off: the half-split pairs' rules, as before it; the controls as with it.
+    # Turned off: the half-split pairs' rules, as before it; the controls as with it. (The
+    # rules below HEAD_COUNT_TILES: pairs read as words do not take its tiles.)
     monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
+    monkeypatch.setattr(rope_qk, "HEAD_COUNT_TILES", False)
     for angles, rotary_dim, transposed, q_heads, k_heads in rule:
         half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False, angles,
                                             rotary_dim, False, transposed)
@@ -612,6 +616,103 @@ def test_default_config_loads_first(monkeypatch):
                                           128).get("loads_first")
         assert not rope_qk.default_config(4096, 16, 4, 128, 4, True, False, angles,
                                           128).get("loads_first")
+
+
+def _loads_first(q_heads, k_heads, warps):
+    return dict(block_s=1, block_h=1 << (q_heads - 1).bit_length(),
+                block_hk=1 << (k_heads - 1).bit_length(), num_warps=warps, all_heads=True,
+                loads_first=True)
+
+
+def _blocks(block_s, block_h, warps):
+    return dict(block_s=block_s, block_h=block_h, num_warps=warps, all_heads=False)
+
+
+# (q_heads, k_heads, head_dim, table) -> the tile of HEAD_COUNT_TILES (_head_count_tile's
+# docstring), out of place and in place, in bf16 and fp16, on a GPU.
+HEAD_COUNT_CASES = {
+    (14, 2, 64, "hf"): _loads_first(14, 2, 2), (14, 2, 64, "cache"): _loads_first(14, 2, 2),
+    (28, 4, 64, "hf"): _loads_first(28, 4, 2), (12, 12, 64, "cache"): _loads_first(12, 12, 2),
+    (40, 8, 64, "cache"): _blocks(2, 8, 2), (64, 8, 64, "cache"): _blocks(2, 8, 2),
+    (40, 40, 64, "hf"): _blocks(2, 8, 2),
+    (10, 10, 128, "hf"): _loads_first(10, 10, 2), (16, 8, 128, "hf"): _loads_first(16, 8, 2),
+    (20, 20, 128, "hf"): _loads_first(20, 20, 2), (24, 8, 128, "hf"): _loads_first(24, 8, 2),
+    (40, 10, 128, "hf"): _blocks(1, 16, 2), (40, 40, 128, "hf"): _blocks(1, 16, 2),
+    (10, 10, 128, "cache"): _loads_first(10, 10, 4), (20, 20, 128, "cache"): _loads_first(20, 20, 4),
+    (40, 40, 128, "cache"): _blocks(1, 8, 2), (28, 4, 128, "cache"): _blocks(2, 4, 2),
+}
+# Calls it leaves as the rules below plan them, (q_heads, k_heads, head_dim, tables): the
+# benchmark's head counts and others where those rules were measured best
+# (scripts/qk_head_counts.py).
+HEAD_COUNTS_LEFT = [(*shape, ("hf", "cache")) for shape in (
+    (32, 8, 128), (16, 4, 128), (32, 32, 128), (64, 8, 128), (32, 8, 64), (16, 16, 128),
+    (8, 8, 128), (12, 2, 128), (20, 20, 64))] + [
+    (40, 10, 128, ("cache",)), (24, 8, 128, ("cache",)), (16, 8, 128, ("cache",)),
+    (40, 40, 64, ("cache",)), (40, 8, 64, ("hf",)), (28, 4, 128, ("hf",))]
+
+
+def test_default_config_of_head_counts(monkeypatch):
+    """``HEAD_COUNT_TILES``: 16-bit half-split calls of the cos/sin cache and Hugging Face's
+    tables (GPT-OSS's and NanoChat's too, which take Llama's tiles) with the whole head rotated
+    at head_dim 64 and 128, on a GPU, at head counts the rules below fit badly, take the tiles of
+    ``_head_count_tile`` (HEAD_COUNT_CASES), out of place and in place; with the switch off, or
+    in float32, with interleaved pairs, part of the head rotated, results transposed or on the
+    interpreter, the rules below decide; and the calls of HEAD_COUNTS_LEFT (the benchmark's head
+    counts among them) get the same tile either way."""
+    monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
+    tables = {"hf": rope_qk.ANGLES["cos_sin"], "cache": rope_qk.ANGLES["cache"]}
+
+    def config(q_heads, k_heads, head_dim, angles, switch, esize=2, on_gpu=True,
+               interleaved=False, rotary_dim=None, in_place=False, transposed=False,
+               seq_len=4096):
+        monkeypatch.setattr(rope_qk, "HEAD_COUNT_TILES", switch)
+        return rope_qk.default_config(seq_len, q_heads, k_heads, head_dim, esize, on_gpu,
+                                      interleaved, angles, rotary_dim or head_dim, in_place,
+                                      transposed)
+
+    for (q_heads, k_heads, head_dim, table), want in HEAD_COUNT_CASES.items():
+        shape = (q_heads, k_heads, head_dim, tables[table])
+        for in_place in (False, True):
+            assert config(*shape, True, in_place=in_place) == want, (shape, in_place)
+        assert config(*shape, False) != want, shape  # the rules below plan it otherwise
+        for other in (dict(esize=4), dict(on_gpu=False), dict(interleaved=True),
+                      dict(rotary_dim=head_dim // 2), dict(transposed=True)):
+            assert config(*shape, True, **other) == config(*shape, False, **other), (shape, other)
+        # a call of fewer tokens than the tile's
+        assert config(*shape, True, seq_len=1)["block_s"] == 1
+    for *shape, left in HEAD_COUNTS_LEFT:
+        for table in left:
+            for in_place in (False, True):
+                assert (config(*shape, tables[table], True, in_place=in_place)
+                        == config(*shape, tables[table], False, in_place=in_place)), (table, shape)
+    for angles in (rope_qk.ANGLES["cos_sin_half"], rope_qk.ANGLES["cos_sin_neg"]):
+        # GPT-OSS's and NanoChat's tables, mapped to Llama's by _plan
+        assert (config(20, 20, 128, rope_qk._tile_angles(angles, False), True)
+                == HEAD_COUNT_CASES[(20, 20, 128, "hf")])
+
+
+@pytest.mark.parametrize("call", ["cache half-split", "hf half"])
+@pytest.mark.parametrize("q_heads,k_heads,head_dim",
+                         sorted({shape[:3] for shape in HEAD_COUNT_CASES}))
+def test_head_count_tiles(monkeypatch, call, q_heads, k_heads, head_dim, seed):
+    """The calls of HEAD_COUNT_CASES in bf16 (3 tokens): out of place into NaN-poisoned outputs
+    and in place, against float64, the same bits with ``HEAD_COUNT_TILES`` off; on a GPU their
+    plans are the cases' tiles (the interpreter plans its own)."""
+    q, k, want, rows, run = _q_k_call(call, 3, q_heads, k_heads, head_dim, head_dim, seed,
+                                      dtype=torch.bfloat16)
+    results, plans = _switch_both_ways(monkeypatch, "HEAD_COUNT_TILES", run, q, k, want, rows,
+                                       dtype=torch.bfloat16)
+    case = HEAD_COUNT_CASES.get((q_heads, k_heads, head_dim, call.split()[0]))
+    if DEVICE == "cuda" and case is not None:
+        for plan in plans[True]:
+            c = plan.constexprs
+            got = dict(block_s=c["BLOCK_S"], block_h=c["BLOCK_H"], block_hk=c["BLOCK_HK"],
+                       num_warps=plan.num_warps, all_heads=bool(c["ALL_HEADS"]),
+                       loads_first=bool(c["LOADS_FIRST"]))
+            assert got == dict(block_s=min(case["block_s"], 4), block_h=case["block_h"],
+                               block_hk=case.get("block_hk", case["block_h"]),
+                               num_warps=case["num_warps"], all_heads=case["all_heads"],
+                               loads_first=case.get("loads_first", False)), (got, case)
 
 
 def test_default_config_whole_rows(monkeypatch):

@@ -1,0 +1,141 @@
+"""The cos/sin cache's and Hugging Face's q+k calls at models' head counts: the tiles of
+``rope_qk.HEAD_COUNT_TILES`` against the rules before them (GPU only).
+
+    python scripts/qk_head_counts.py [--out figures/qk_head_counts_h200.json] [--rounds 5]
+
+The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
+k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
+and 40 / 8, Llama 2 13B's 40 / 40, Phi-3 medium's 40 / 10. There the rules' head blocks of 8 or
+16 leave part of a block masked, or their loads-first programs run on 4 warps where 2 move more.
+``rope_qk._head_count_tile`` gives 16-bit half-split calls with the whole head rotated, at
+head_dim 64 and 128, the tiles a probe found best at such counts (``default_config``).
+
+Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
+module with ``HEAD_COUNT_TILES = False``, both launched through the package's thin launch. Per
+shape (``SHAPES``: bf16, 16 x 4096 tokens unless said) and call (``MODES``: Hugging Face's
+function on the ``[b, h, s, d]`` views models hand over, forward and backward; the cos/sin cache
+out of place and in place): both sides' results within a unit in the last place of each other
+(another tile may fuse a multiply-add where this one does not; the largest difference is
+recorded), each in-place result equal to the same side's out-of-place one, then shuffled rounds
+(``bench.shuffled_rounds``; under 200 MB with the host kept ahead of the GPU), medians as a
+fraction of the run's 2 GB copy, bytes as the benchmark counts them. Calls whose plan the rule
+leaves alone are timed too, marked ``(same plan)``: the rule must not reach the benchmark's
+head counts (32 q / 8 k and 16 q / 4 k at head_dim 128, 32 q / 8 k at 64), and does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rope_kernels import _launch  # noqa: E402
+from rope_kernels import rope_qk  # noqa: E402
+from rope_kernels.bench import QKProblem, copy_bandwidth_gbps, provenance  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from qk_table_hint import calls, flag_off_copy, medians  # noqa: E402
+from qk_words_hd64 import plan_of  # noqa: E402
+
+# name -> QKProblem arguments (bf16, 16 x 4096 tokens, head_dim 128 unless said)
+SHAPES = {
+    "10q/10k": dict(heads=10, k_heads=10), "12q/12k": dict(heads=12, k_heads=12),
+    "8q/8k": dict(heads=8, k_heads=8), "16q/8k": dict(heads=16, k_heads=8),
+    "20q/20k": dict(heads=20, k_heads=20), "24q/8k": dict(heads=24, k_heads=8),
+    "28q/4k": dict(heads=28, k_heads=4), "32q/4k": dict(heads=32, k_heads=4),
+    "40q/8k": dict(heads=40, k_heads=8), "40q/10k": dict(heads=40, k_heads=10),
+    "40q/40k": dict(heads=40, k_heads=40), "56q/8k": dict(heads=56, k_heads=8),
+    "20q/20k batch 2": dict(heads=20, k_heads=20, batch=2),
+    "10q/10k batch 4": dict(heads=10, k_heads=10, batch=4),
+    "28q/4k 1024 tokens": dict(heads=28, k_heads=4, seq_len=1024),
+    "20q/20k fp16": dict(heads=20, k_heads=20, dtype="fp16"),
+    "hd64 14q/2k": dict(heads=14, k_heads=2, head_dim=64),
+    "hd64 12q/12k": dict(heads=12, k_heads=12, head_dim=64),
+    "hd64 24q/8k": dict(heads=24, k_heads=8, head_dim=64),
+    "hd64 28q/4k": dict(heads=28, k_heads=4, head_dim=64),
+    "hd64 40q/8k": dict(heads=40, k_heads=8, head_dim=64),
+    "hd64 40q/40k": dict(heads=40, k_heads=40, head_dim=64),
+    "hd64 64q/8k": dict(heads=64, k_heads=8, head_dim=64),
+    "hd64 14q/2k batch 4": dict(heads=14, k_heads=2, head_dim=64, batch=4),
+    # the rule leaves these alone (the benchmark's and others)
+    "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
+    "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),
+    "hd64 20q/20k": dict(heads=20, k_heads=20, head_dim=64),
+}
+MODES = ("hf", "hf backward", "cache out of place", "cache in place")
+
+
+def _in_place_result(module, p: QKProblem):
+    """``module``'s in-place cache call on copies of the problem's q and k."""
+    q, k = p.tokens(p.q).clone(), p.tokens(p.k).clone()
+    module.rope_cos_sin_cache(p.positions, q, k, p.head_dim, p.cache, True, query_out=q,
+                              key_out=k)
+    return q, k
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated shape names (_ for a space)")
+    args = parser.parse_args(argv)
+    assert rope_qk.launch is _launch.thin_launch  # as the package runs
+    before = flag_off_copy("HEAD_COUNT_TILES")
+    copy = copy_bandwidth_gbps()
+    result = {"provenance": provenance(copy, "qk_head_counts"), "rounds": args.rounds,
+              "shapes": {}}
+    result["provenance"]["command"] = "python scripts/qk_head_counts.py"
+    shapes = SHAPES if args.only is None else {n: SHAPES[n] for n in args.only.replace("_", " ").split(",")}
+    start = time.time()
+
+    for name, kw in shapes.items():
+        p = QKProblem(**kw)
+        for mode in MODES:
+            sides = {"rule": calls(rope_qk, p, mode), "before": calls(before, p, mode)}
+            tiles = {side: plan_of(module, sides[side])
+                     for side, module in (("rule", rope_qk), ("before", before))}
+            if mode == "cache in place":
+                out_of_place = {m: calls(m, p, "cache out of place")() for m in (rope_qk, before)}
+                a, b = _in_place_result(rope_qk, p), _in_place_result(before, p)
+                for m, got in ((rope_qk, a), (before, b)):
+                    assert all(torch.equal(x, y) for x, y in zip(got, out_of_place[m])), (name, m)
+            else:
+                a, b = sides["rule"](), sides["before"]()
+            worst = 0.0
+            for x, y in zip(a, b):
+                assert x.stride() == y.stride(), (name, mode)
+                diff = (x.float() - y.float()).abs()
+                tol = 2 * torch.finfo(x.dtype).eps * (y.float().abs() + 1)
+                assert (diff <= tol).all(), (name, mode)
+                worst = max(worst, diff.max().item())
+            row = medians(sides, p.nbytes, copy, args.rounds)
+            row["ratio"] = round(row["rule"] / row["before"], 4)
+            row["mbytes"] = round(p.nbytes / 1e6, 1)
+            row["max_abs_difference"] = worst
+            row["tiles"] = tiles
+            key = f"{name}: {mode}" + (" (same plan)" if tiles["rule"] == tiles["before"] else "")
+            result["shapes"][key] = row
+            print(f"{name:20s} {mode:18s} rule {row['rule']:.3f} before {row['before']:.3f} "
+                  f"ratio {row['ratio']:.3f}  [{tiles['rule']}] <- [{tiles['before']}] "
+                  f"[{time.time() - start:.0f} s]", flush=True)
+            del a, b
+        del p
+        torch.cuda.empty_cache()
+
+    ratios = [r["ratio"] for key, r in result["shapes"].items() if "same plan" not in key]
+    print(f"rule / before at {len(ratios)} changed calls: {min(ratios):.3f} .. {max(ratios):.3f}")
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
