@@ -854,30 +854,31 @@ def _head_count_tile(q_heads: int, k_heads: int, row: int, angles: int) -> Optio
     """The tile of a 16-bit half-split call of the cos/sin cache (``angles`` 1) or Hugging
     Face's tables (2) with the whole head rotated, rows of ``row`` bytes (head_dim 64 or 128),
     where the rules of ``default_config`` below fit its head counts badly; None elsewhere. Models
-    bring head counts that are not powers of two (NanoChat's 10, Qwen2.5's 14/2, 28/4 and 40/8,
-    Llama 2 13B's 40, Phi-3 medium's 40/10), and those rules were measured at powers of two:
-    their head blocks of 8 or 16 (2 or 4 KB) leave part of a block masked at 10, 12, 20 or 40
-    heads, and their loads-first programs run on 4 warps where 2 move more.
+    bring head counts that are not powers of two (NanoChat's 10, Qwen2.5's 14 / 2, 28 / 4 and 40
+    / 8, Llama 2 13B's 40, Phi-3 medium's 40 / 10), and those rules were measured at powers of
+    two: their head blocks of 8 or 16 (2 or 4 KB) leave part of a block masked at 10, 12, 20 or
+    40 heads, and their loads-first programs run on 4 warps where 2 move more.
 
-    A probe on an H200 (bf16, 16 x 4096 tokens, 3 shuffled rounds, 7 tiles a call, not
-    recorded) found the rules 1 to 25 points of copy behind the best tile at such counts; the
-    rules here are that probe's best tiles, and ``scripts/qk_head_counts.py`` records them
-    against the rules before (see ``default_config``):
+    Chosen from a probe of 7 tiles a call (H200, 3 shuffled rounds, not recorded), then against
+    the rules before (``scripts/qk_head_counts.py``, figures/qk_head_counts_h200.json: H200, 5
+    shuffled rounds, bf16, 16 x 4096 tokens, fraction of copy before -> after, the same bits):
 
     - 128 B rows, q not a power of two in at most 4 KB, k under 2 KB: loads first on 2 warps,
-      both tables (14q/2k Hugging Face's 0.627 -> 0.860 of copy).
-    - 128 B rows, the cache, q over 4 KB and k under 2 KB: 2 tokens x 8 heads on 2 warps (40q/8k
-      0.890 -> 0.966), as Hugging Face's tables where the generic tile would mask part of its
-      head block (40q/40k 0.938 -> 0.984).
+      both tables (14q/2k Hugging Face's 0.633 -> 0.850, the cache's 0.839 -> 0.855; 28q/4k
+      0.891 -> 0.954).
+    - 128 B rows, q over 4 KB: the cache with k under 2 KB, 2 tokens x 8 heads on 2 warps (40q/8k
+      0.891 -> 0.970, 64q/8k 0.940 -> 0.982); Hugging Face's tables the same where the generic
+      tile would mask part of its head block (40q/40k 0.946 -> 0.992).
     - 256 B rows, Hugging Face's tables, k of 2 KB or more: loads first where q fits 4 KB, on 2
-      warps while k is under 4 KB (16q/8k 0.914 -> 0.961); loads first on 2 warps where q is
-      4-8 KB and does not fill 4 KB blocks (20q/20k 0.861 -> 0.964); else 4 KB blocks, partly
-      masked or not (40q/10k 0.925 -> 0.975).
-    - 256 B rows, the cache, k of 2 KB or more in counts that are not multiples of 8: loads
-      first on 4 warps where q fits 4 KB (10q/10k 0.868 -> 0.931), else all heads of a token a
-      program in 2 KB blocks on 2 warps (20q/20k 0.926 -> 0.968); where q and k are multiples of
-      8 but the generic tile would mask part of its block, 2 KB blocks (40q/40k 0.945 -> 0.988);
-      q over 4 KB and k under 2 KB, 2 tokens x 4 heads on 2 warps (28q/4k 0.915 -> 0.972)."""
+      warps while k is under 4 KB and q is not a power of two or fills 4 KB (16q/8k 0.910 ->
+      0.962; 10q/10k backward 0.937 -> 0.954, forward 0.955 -> 0.947; 8q/8k stays on 4, where 2
+      lost 0.9 points); loads first on 2 warps where q is 4-8 KB and does not fill 4 KB blocks
+      (20q/20k 0.912 -> 0.966); else 4 KB blocks, partly masked or not (40q/10k 0.943 -> 0.975).
+    - 256 B rows, the cache: k of 2 KB or more in head counts that are not multiples of 8 and q
+      under 8 KB, loads first on 4 warps (10q/10k 0.869 -> 0.928, 20q/20k 0.937 -> 0.967; all
+      heads in 2 KB blocks lost at 40q/10k and at batch 2); where the generic tile would mask
+      part of its block, 2 KB blocks (40q/40k 0.946 -> 0.991); q over 4 KB with k under 2 KB, 2
+      tokens x 4 heads on 2 warps (28q/4k 0.913 -> 0.972)."""
     q_bytes, k_bytes, both = q_heads * row, k_heads * row, (q_heads + k_heads) * row
     power_of_two = q_heads & (q_heads - 1) == 0
     # The head block of the generic tile at the end of default_config (TILE_BYTES of heads).
@@ -1042,6 +1043,12 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     0.920, 16q/2k 0.901 -> 0.917, 12q/2k 0.905 -> 0.923, head_dim 64 0.912 -> 0.947. Where q
     is bigger (32q/8k, 32q/32k, fp32) the rules above stay ahead by 1-3 points, and at bf16
     head_dim 64 the cache's all-heads program is 1 point ahead of it.
+
+    ``HEAD_COUNT_TILES`` (after ``WHOLE_ROWS``, before the rules from the transposed tile on):
+    16-bit half-split calls of the cache and Hugging Face's tables with the whole head rotated,
+    at head_dim 64 and 128, take ``_head_count_tile``'s tiles at head counts these rules fit
+    badly: at 69 calls of figures/qk_head_counts_h200.json 0.991-1.407 times the speed of these
+    rules (median 1.034). The benchmark's head counts keep these rules.
 
     GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
     Llama's (2): see ``_tile_angles``."""

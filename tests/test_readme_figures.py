@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import statistics
 
 import pytest
 
@@ -238,3 +239,32 @@ def test_triton_versions_recording_is_quoted_as_recorded():
             assert table_rows, (key, quoted)
             behind[key] = table_rows
     assert len(behind) == summary["below_0.98"]
+
+
+def test_head_counts_recording_is_quoted_as_recorded():
+    """figures/qk_head_counts_h200.json (scripts/qk_head_counts.py): both sides gave the same bits
+    at every call; the benchmark's head counts kept their plans in all four calls; and
+    docs/performance_notes.md names the file, quotes the range and median of the changed calls'
+    ratios and the range of the others', and has every changed call's fractions (before -> after)
+    in its table as the file has them."""
+    path = FIGURES / "qk_head_counts_h200.json"
+    shapes = json.loads(path.read_text())["shapes"]
+    assert all(row["max_abs_difference"] == 0.0 for row in shapes.values())
+    modes = ("hf", "hf backward", "cache out of place", "cache in place")
+    for benchmarked in ("32q/8k", "16q/4k", "hd64 32q/8k"):
+        for mode in modes:
+            assert f"{benchmarked}: {mode} (same plan)" in shapes, (benchmarked, mode)
+    changed = {key: row for key, row in shapes.items() if not key.endswith("(same plan)")}
+    same = [row["ratio"] for key, row in shapes.items() if key.endswith("(same plan)")]
+    ratios = sorted(row["ratio"] for row in changed.values())
+    assert f"`figures/{path.name}`" in NOTES
+    assert f"{len(changed)} calls changed" in NOTES
+    assert f"{ratios[0]:.3f}-{ratios[-1]:.3f} times the speed before, median" in NOTES
+    assert f"median {statistics.median(ratios):.3f}" in NOTES
+    assert f"moved {min(same):.3f}-{max(same):.3f}" in NOTES
+    table = {row[0]: row[1:5] for row in table_after("Recorded against the rules before", NOTES)}
+    for key, row in changed.items():
+        shape, mode = key.split(": ")
+        cell = table[shape][modes.index(mode)]
+        assert cell == f"{row['before']:.3f} -> {row['rule']:.3f}", (key, cell)
+    assert sum(cell != "" for cells in table.values() for cell in cells) == len(changed)
