@@ -42,7 +42,7 @@ from rope_kernels.bench import QKProblem, copy_bandwidth_gbps, provenance  # noq
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from qk_table_hint import calls, flag_off_copy, medians  # noqa: E402
-from qk_words_hd64 import plan_of  # noqa: E402
+from qk_words_hd64 import largest_difference, plan_of  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, head_dim 128 unless said)
 SHAPES = {
@@ -93,7 +93,8 @@ def main(argv=None):
     result = {"provenance": provenance(copy, "qk_head_counts"), "rounds": args.rounds,
               "shapes": {}}
     result["provenance"]["command"] = "python scripts/qk_head_counts.py"
-    shapes = SHAPES if args.only is None else {n: SHAPES[n] for n in args.only.replace("_", " ").split(",")}
+    names = SHAPES if args.only is None else args.only.replace("_", " ").split(",")
+    shapes = {name: SHAPES[name] for name in names}
     start = time.time()
 
     for name, kw in shapes.items():
@@ -109,13 +110,7 @@ def main(argv=None):
                     assert all(torch.equal(x, y) for x, y in zip(got, out_of_place[m])), (name, m)
             else:
                 a, b = sides["rule"](), sides["before"]()
-            worst = 0.0
-            for x, y in zip(a, b):
-                assert x.stride() == y.stride(), (name, mode)
-                diff = (x.float() - y.float()).abs()
-                tol = 2 * torch.finfo(x.dtype).eps * (y.float().abs() + 1)
-                assert (diff <= tol).all(), (name, mode)
-                worst = max(worst, diff.max().item())
+            worst = largest_difference(a, b, (name, mode))
             row = medians(sides, p.nbytes, copy, args.rounds)
             row["ratio"] = round(row["rule"] / row["before"], 4)
             row["mbytes"] = round(p.nbytes / 1e6, 1)
