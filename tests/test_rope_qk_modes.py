@@ -80,15 +80,14 @@ CALLS = ["cache half-split", "cache interleaved"] + [f"hf {p}" for p in rope_qk.
 
 
 def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed, dtype=torch.float32):
-    """q and k (float32 unless ``dtype``) of one q+k call, rotary_dim of head_size channels rotated: "cache
-    half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf <pairs>" of
-    rope_qk.HF_PAIRS (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections; cos and sin
-    rotary_dim / 2 wide for GPT-OSS's pairs, which the kernel rotates as the rest, part of the
-    head too). Returns q, k, their float64
-    references, ``rows`` (a view with heads and channels last) and ``run(q_out=None,
-    k_out=None, q_in=None, k_in=None)``, the call on ``q_in`` and ``k_in`` (q and k if None)
-    writing into the outputs given (new ones if None; the inputs for in place), which returns
-    its results."""
+    """q and k (float32 unless ``dtype``) of one q+k call, rotary_dim of head_size channels
+    rotated: "cache half-split", "cache interleaved" (``[tokens, heads * head_size]``), "hf
+    <pairs>" of rope_qk.HF_PAIRS (``[1, h, s, d]`` views of ``[1, s, h, d]`` projections; cos
+    and sin rotary_dim / 2 wide for GPT-OSS's pairs, which the kernel rotates as the rest, part
+    of the head too). Returns q, k, their float64 references, ``rows`` (a view with heads and
+    channels last) and ``run(q_out=None, k_out=None, q_in=None, k_in=None)``, the call on
+    ``q_in`` and ``k_in`` (q and k if None) writing into the outputs given (new ones if None;
+    the inputs for in place), which returns its results."""
     g = torch.Generator().manual_seed(seed)
     if call.startswith("hf"):
         pairs = call.split()[1]
@@ -139,8 +138,8 @@ def _both_ways(run, q, k):
 def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows, dtype=torch.float32):
     """``_both_ways`` with rope_qk's module switch ``switch`` on, then off: asserts that the
     four results are the same bits either way and that those with it on match the float64
-    references ``want`` (through ``rows``; tolerances of ``dtype``). Returns the results and the plans (out of place,
-    in place) with it on and with it off, keyed by the switch."""
+    references ``want`` (through ``rows``; tolerances of ``dtype``). Returns the results and
+    the plans (out of place, in place) with it on and with it off, keyed by the switch."""
     results, plans = {}, {}
     for flag in (True, False):
         monkeypatch.setattr(rope_qk, switch, flag)
@@ -638,7 +637,8 @@ HEAD_COUNT_CASES = {
     (10, 10, 128, "hf"): _loads_first(10, 10, 2), (16, 8, 128, "hf"): _loads_first(16, 8, 2),
     (20, 20, 128, "hf"): _loads_first(20, 20, 2), (24, 8, 128, "hf"): _loads_first(24, 8, 2),
     (40, 10, 128, "hf"): _blocks(1, 16, 2), (40, 40, 128, "hf"): _blocks(1, 16, 2),
-    (10, 10, 128, "cache"): _loads_first(10, 10, 4), (20, 20, 128, "cache"): _loads_first(20, 20, 4),
+    (10, 10, 128, "cache"): _loads_first(10, 10, 4),
+    (20, 20, 128, "cache"): _loads_first(20, 20, 4),
     (40, 40, 128, "cache"): _blocks(1, 8, 2), (28, 4, 128, "cache"): _blocks(2, 4, 2),
 }
 # Calls it leaves as the rules below plan them, (q_heads, k_heads, head_dim, tables): the
