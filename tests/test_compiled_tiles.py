@@ -479,7 +479,7 @@ def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
 
 
 @read_on_checked
-def test_head_count_tiles_keep_q_and_k_in_registers(compiled_modules):
+def test_head_count_plans_hold_q_and_k_in_registers(compiled_modules):
     """``HEAD_COUNT_TILES``'s plans compiled for sm_90, where they were measured, keep their
     tiles in registers: no local memory, no stack (loads first at 20 q / 20 k heads of 128 on 2
     warps holds two 32-head blocks: 168 registers a thread on Triton 3.6)."""
