@@ -777,6 +777,13 @@ def _floor_pow2(n: int) -> int:
     return 1 << max(0, n.bit_length() - 1)
 
 
+def _head_block(q_heads: int, k_heads: int, rows: int) -> int:
+    """The head block of the generic tiles (``default_config``'s last rule, ``_whole_rows`` on
+    the interpreter): as many heads as the smaller of q's and k's counts rounds up to, at most
+    ``rows`` rows."""
+    return min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
+
+
 TILE_BYTES = 8192  # input bytes per program on a GPU
 # Tokens x heads of a tile whose outputs are transposed against its inputs (see default_config).
 TRANSPOSED_TILE = (4, 4)
@@ -882,7 +889,7 @@ def _head_count_tile(q_heads: int, k_heads: int, row: int, angles: int) -> Optio
     q_bytes, k_bytes, both = q_heads * row, k_heads * row, (q_heads + k_heads) * row
     power_of_two = q_heads & (q_heads - 1) == 0
     # The head block of the generic tile at the end of default_config (TILE_BYTES of heads).
-    generic = min(_next_pow2(min(q_heads, k_heads)), _floor_pow2(TILE_BYTES // row))
+    generic = _head_block(q_heads, k_heads, max(1, TILE_BYTES // row))
     generic_masks = q_heads % generic != 0 or k_heads % generic != 0
     cache, hf = angles == ANGLES["cache"], angles == ANGLES["cos_sin"]
     if row == 128:
@@ -916,7 +923,7 @@ def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, 
     cos/sin cache), one head block per program. See ``default_config``."""
     if not on_gpu:  # the interpreter pays per program: big tiles
         rows = max(1, 16384 // width)
-        block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
+        block_h = _head_block(q_heads, k_heads, rows)
         block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)))
         return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
                     whole_rows=True)
@@ -1161,7 +1168,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     else:
         rows = max(1, (2048 if interleaved else TILE_BYTES) // row)
         max_tokens = 8
-    block_h = min(_next_pow2(max(1, min(q_heads, k_heads))), _floor_pow2(rows))
+    block_h = _head_block(q_heads, k_heads, rows)
     block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)), max_tokens)
     # Hugging Face's interleaved pairings (Cohere's and GLM's functions) in 16-bit: this tile on 2
     # warps. One probe on an H200 (bf16, 32q/8k heads of 128, 16 x 4096 tokens, one do_bench

@@ -425,6 +425,16 @@ def test_rope_qk_compiles_for_other_gpus(compiled_modules, capability, dtype):
     assert built_for(compile_qk(qk, words, capability), capability)
 
 
+def hf_launch(qk, dtype, heads, k_heads, head_dim, width, pairs="half"):
+    """The launch (``gpu_launch``) of ``qk.rope_cos_sin`` with ``pairs``: q and k as the
+    [4, h, 1024, head_dim] views of [b, s, h, d] memory that models hand over, cos and sin
+    [1, 1024, width]."""
+    hq = meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2)
+    hk = meta(4, 1024, k_heads, head_dim, dtype=dtype).transpose(1, 2)
+    cos, sin = meta(1, 1024, width, dtype=dtype), meta(1, 1024, width, dtype=dtype)
+    return gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin, pairs=pairs))
+
+
 def serving_and_hf_launches(qk, dtype) -> dict:
     """{name: launch (``gpu_launch``)} of the cos/sin cache call (per-token positions: half-split
     pairs out of place, interleaved pairs in place, read as words) and Hugging Face's interleaved
@@ -438,21 +448,14 @@ def serving_and_hf_launches(qk, dtype) -> dict:
         "cache": gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, 128, cache, True)),
         "cache, interleaved, in place": gpu_launch(qk, lambda: qk.rope_cos_sin_cache(
             positions, q, k, 128, cache, False, query_out=q, key_out=k))}
-    for name, heads, k_heads, rotary_dim, pairs in (
-            ("cohere", 32, 8, 64, "interleaved"), ("cohere, 16q/4k", 16, 4, 64, "interleaved"),
-            ("glm, half rotary", 32, 8, 32, "glm")):
-        hq = meta(4, 1024, heads, 64, dtype=dtype).transpose(1, 2)  # [b, h, s, d] views
-        hk = meta(4, 1024, k_heads, 64, dtype=dtype).transpose(1, 2)
-        cos, sin = meta(1, 1024, rotary_dim, dtype=dtype), meta(1, 1024, rotary_dim, dtype=dtype)
-        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin, pairs=pairs))
     for name, heads, k_heads, head_dim, width, pairs in (
+            ("cohere", 32, 8, 64, 64, "interleaved"),
+            ("cohere, 16q/4k", 16, 4, 64, 64, "interleaved"),
+            ("glm, half rotary", 32, 8, 64, 32, "glm"),
             ("gpt_oss", 64, 8, 64, 32, "half_per_pair"),
             ("privacy filter", 16, 4, 64, 32, "interleaved_per_pair"),
             ("nanochat", 16, 16, 128, 128, "half_negated")):
-        hq = meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2)
-        hk = meta(4, 1024, k_heads, head_dim, dtype=dtype).transpose(1, 2)
-        cos, sin = meta(1, 1024, width, dtype=dtype), meta(1, 1024, width, dtype=dtype)
-        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin, pairs=pairs))
+        launches[name] = hf_launch(qk, dtype, heads, k_heads, head_dim, width, pairs)
     return launches
 
 
@@ -464,14 +467,12 @@ def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
     positions = meta(4096, dtype=torch.int64)
     launches = {}
     for name, heads, k_heads, head_dim in (("hf 20q/20k", 20, 20, 128), ("hf 14q/2k", 14, 2, 64)):
-        hq = meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2)
-        hk = meta(4, 1024, k_heads, head_dim, dtype=dtype).transpose(1, 2)
-        cos, sin = meta(1, 1024, head_dim, dtype=dtype), meta(1, 1024, head_dim, dtype=dtype)
-        launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin(hq, hk, cos, sin))
+        launches[name] = hf_launch(qk, dtype, heads, k_heads, head_dim, head_dim)
     for name, heads, k_heads, head_dim in (("cache 28q/4k", 28, 4, 128),
                                            ("cache 20q/20k", 20, 20, 128),
                                            ("cache 40q/8k", 40, 8, 64)):
-        q, k = meta(4096, heads * head_dim, dtype=dtype), meta(4096, k_heads * head_dim, dtype=dtype)
+        q = meta(4096, heads * head_dim, dtype=dtype)
+        k = meta(4096, k_heads * head_dim, dtype=dtype)
         cache = meta(8192, head_dim, dtype=torch.float32)
         launches[name] = gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, head_dim,
                                                                       cache, True))

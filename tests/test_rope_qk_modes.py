@@ -349,6 +349,18 @@ def _hf_backward_reference(grad, cos, sin, pairs="half"):
     return x64.grad
 
 
+def _loads_first(q_heads, k_heads, warps):
+    """The loads-first config (all of q in one block, all of k in another)."""
+    return dict(block_s=1, block_h=1 << (q_heads - 1).bit_length(),
+                block_hk=1 << (k_heads - 1).bit_length(), num_warps=warps, all_heads=True,
+                loads_first=True)
+
+
+def _blocks(block_s, block_h, warps):
+    """A config of one head block a program."""
+    return dict(block_s=block_s, block_h=block_h, num_warps=warps, all_heads=False)
+
+
 def test_default_config_of_hugging_face_tables(monkeypatch):
     """Hugging Face's cos/sin where a row is 256 B or more, k fills 2 KB and the whole head is
     rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
@@ -361,11 +373,10 @@ def test_default_config_of_hugging_face_tables(monkeypatch):
     hf_tables = rope_qk.ANGLES["cos_sin"]
 
     def blocks(heads):
-        return dict(block_s=1, block_h=heads, num_warps=2, all_heads=False)
+        return _blocks(1, heads, 2)
 
     def loads_first(q_heads, k_heads):
-        return dict(block_s=1, block_h=q_heads, block_hk=k_heads, num_warps=4, all_heads=True,
-                    loads_first=True)
+        return _loads_first(q_heads, k_heads, 4)
 
     cases = {  # (q_heads, k_heads, head_dim, element size): config
         (32, 8, 128, 2): blocks(16), (64, 8, 128, 2): blocks(16), (32, 32, 128, 2): blocks(16),
@@ -588,25 +599,20 @@ def test_default_config_loads_first(monkeypatch):
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)  # the pairs' tiles (16-bit: below)
     cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
 
-    def loads_first(q_heads, k_heads, warps):
-        return dict(block_s=1, block_h=1 << (q_heads - 1).bit_length(),
-                    block_hk=1 << (k_heads - 1).bit_length(), num_warps=warps, all_heads=True,
-                    loads_first=True)
-
     for angles in (cache, hf_tables):
         for q_heads, k_heads in ((16, 4), (16, 2), (12, 2)):
             assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, True, False, angles,
-                                          128) == loads_first(q_heads, k_heads, 2)
+                                          128) == _loads_first(q_heads, k_heads, 2)
             assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, True, False, angles,
-                                          64) != loads_first(q_heads, k_heads, 2)
+                                          64) != _loads_first(q_heads, k_heads, 2)
             assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, True, True, angles,
-                                          128) != loads_first(q_heads, k_heads, 2)
+                                          128) != _loads_first(q_heads, k_heads, 2)
             assert rope_qk.default_config(4096, q_heads, k_heads, 128, 2, False, False, angles,
-                                          128) != loads_first(q_heads, k_heads, 2)
+                                          128) != _loads_first(q_heads, k_heads, 2)
     assert rope_qk.default_config(4096, 16, 4, 128, 2, True, False, cache, 128,
-                                  True) == loads_first(16, 4, 2)
+                                  True) == _loads_first(16, 4, 2)
     assert rope_qk.default_config(4096, 32, 8, 64, 2, True, False, hf_tables,
-                                  64) == loads_first(32, 8, 4)
+                                  64) == _loads_first(32, 8, 4)
     assert not rope_qk.default_config(4096, 32, 8, 64, 2, True, False, cache, 64).get("loads_first")
     assert not rope_qk.default_config(4096, 8, 8, 128, 2, True, False, cache,
                                       128).get("loads_first")  # (Hugging Face's: on 4 warps)
@@ -615,16 +621,6 @@ def test_default_config_loads_first(monkeypatch):
                                           128).get("loads_first")
         assert not rope_qk.default_config(4096, 16, 4, 128, 4, True, False, angles,
                                           128).get("loads_first")
-
-
-def _loads_first(q_heads, k_heads, warps):
-    return dict(block_s=1, block_h=1 << (q_heads - 1).bit_length(),
-                block_hk=1 << (k_heads - 1).bit_length(), num_warps=warps, all_heads=True,
-                loads_first=True)
-
-
-def _blocks(block_s, block_h, warps):
-    return dict(block_s=block_s, block_h=block_h, num_warps=warps, all_heads=False)
 
 
 # (q_heads, k_heads, head_dim, table) -> the tile of HEAD_COUNT_TILES (_head_count_tile's
