@@ -857,10 +857,10 @@ def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_hea
             and q_heads % block_h == 0 and k_heads % block_hk == 0)
 
 
-def _head_count_tile(q_heads: int, k_heads: int, row: int, angles: int) -> Optional[dict]:
+def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> Optional[dict]:
     """The tile of a 16-bit half-split call of the cos/sin cache (``angles`` 1) or Hugging
-    Face's tables (2) with the whole head rotated, rows of ``row`` bytes (head_dim 64 or 128),
-    where the rules of ``default_config`` below fit its head counts badly; None elsewhere. Models
+    Face's tables (2) with the whole head rotated, at head_dim 64, 96 or 128, where the rules of
+    ``default_config`` below fit its head counts badly; None elsewhere. Models
     bring head counts that are not powers of two (NanoChat's 10, Qwen2.5's 14 / 2, 28 / 4 and 40
     / 8, Llama 2 13B's 40, Phi-3 medium's 40 / 10), and those rules were measured at powers of
     two: their head blocks of 8 or 16 (2 or 4 KB) leave part of a block masked at 10, 12, 20 or
@@ -885,16 +885,34 @@ def _head_count_tile(q_heads: int, k_heads: int, row: int, angles: int) -> Optio
       under 8 KB, loads first on 4 warps (10q/10k 0.869 -> 0.928, 20q/20k 0.937 -> 0.967; all
       heads in 2 KB blocks lost at 40q/10k and at batch 2); where the generic tile would mask
       part of its block, 2 KB blocks (40q/40k 0.946 -> 0.991); q over 4 KB with k under 2 KB, 2
-      tokens x 4 heads on 2 warps (28q/4k 0.913 -> 0.972)."""
+      tokens x 4 heads on 2 warps (28q/4k 0.913 -> 0.972).
+
+    Then (a probe of 12 tiles, H200, 3 shuffled rounds, not recorded; against the rules before,
+    ``scripts/qk_head_counts.py --before``, figures/qk_head_counts_more_h200.json):
+
+    - 128 B rows, q not a power of two in at most 2 KB (SmolLM2's 9 q / 3 k and 15 / 5,
+      Qwen2.5 0.5B's 14 / 2), k no more than half of q: loads first on 2 warps, 2 tokens a
+      program, twice the bytes in flight of one token's (at 12 q / 12 k the cache lost 1.4-2.0%
+      with it).
+    - head_dim 96 (Phi-3 mini's and Phi-3.5 mini's 32 / 32), whose rows the tiles pad to 128
+      channels, up to 32 heads and k no more than q: loads first, one token a program, on 2
+      warps for Hugging Face's tables and 4 for the cache. The rules below give these rows one
+      token's 8 heads (1.5 KB) a program for the cache, 16 heads for Hugging Face's."""
+    row = _next_pow2(head_dim) * 2  # bytes of a row as the tiles hold it (16-bit)
+    cache, hf = angles == ANGLES["cache"], angles == ANGLES["cos_sin"]
+    if head_dim != _next_pow2(head_dim):
+        if head_dim == 96 and (cache or hf) and k_heads <= q_heads <= 32:
+            return _loads_first(q_heads, k_heads, num_warps=4 if cache else 2)
+        return None
     q_bytes, k_bytes, both = q_heads * row, k_heads * row, (q_heads + k_heads) * row
     power_of_two = q_heads & (q_heads - 1) == 0
     # The head block of the generic tile at the end of default_config (TILE_BYTES of heads).
     generic = _head_block(q_heads, k_heads, max(1, TILE_BYTES // row))
     generic_masks = q_heads % generic != 0 or k_heads % generic != 0
-    cache, hf = angles == ANGLES["cache"], angles == ANGLES["cos_sin"]
     if row == 128:
         if q_bytes <= 4096 and k_bytes < 2048 and k_heads <= q_heads and not power_of_two:
-            return _loads_first(q_heads, k_heads, num_warps=2)
+            two = q_bytes <= 2048 and 2 * k_heads <= q_heads  # small q, grouped k
+            return _loads_first(q_heads, k_heads, num_warps=2, block_s=2 if two else 1)
         if q_bytes > 4096 and ((cache and k_bytes < 2048 and both <= 16384)
                                or (hf and generic_masks)):
             return dict(block_s=2, block_h=8, num_warps=2, all_heads=False)
@@ -1127,8 +1145,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
     if (HEAD_COUNT_TILES and on_gpu and element_size == 2 and not interleaved and not words
             and not narrowed and not transposed and rotary_dim in (None, head_dim)
-            and width in (64, 128) and head_dim == width):
-        tile = _head_count_tile(q_heads, k_heads, row, angles)
+            and head_dim in (64, 96, 128)):
+        tile = _head_count_tile(q_heads, k_heads, head_dim, angles)
         if tile is not None:
             tile["block_s"] = min(tile["block_s"], _next_pow2(max(1, seq_len)))
             return tile
@@ -1190,9 +1208,10 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 whole_rows=whole_rows)
 
 
-def _loads_first(q_heads: int, k_heads: int, num_warps: int) -> dict:
-    """The loads-first config: one token per program, all of q in one block, all of k in another."""
-    return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
+def _loads_first(q_heads: int, k_heads: int, num_warps: int, block_s: int = 1) -> dict:
+    """The loads-first config: ``block_s`` tokens per program, all of their q in one block, all
+    of their k in another."""
+    return dict(block_s=block_s, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
                 num_warps=num_warps, all_heads=True, loads_first=True)
 
 

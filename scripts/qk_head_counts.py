@@ -2,6 +2,9 @@
 ``rope_qk.HEAD_COUNT_TILES`` against the rules before them (GPU only).
 
     python scripts/qk_head_counts.py [--out figures/qk_head_counts_h200.json] [--rounds 5]
+    git show 06fe1c9:rope_kernels/rope_qk.py > /tmp/rope_qk_06fe1c9.py
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_06fe1c9.py --only SHAPE,... \
+        [--out figures/qk_head_counts_more_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -11,7 +14,9 @@ and 40 / 8, Llama 2 13B's 40 / 40, Phi-3 medium's 40 / 10. There the rules' head
 head_dim 64 and 128, the tiles a probe found best at such counts (``default_config``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
-module with ``HEAD_COUNT_TILES = False``, both launched through the package's thin launch. Per
+module with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an
+earlier revision's, as the second recording compares the rules' later cases with the first's),
+both launched through the package's thin launch. Per
 shape (``SHAPES``: bf16, 16 x 4096 tokens unless said) and call (``MODES``: Hugging Face's
 function on the ``[b, h, s, d]`` views models hand over, forward and backward; the cos/sin cache
 out of place and in place): both sides' results within a unit in the last place of each other
@@ -26,6 +31,7 @@ head counts (32 q / 8 k and 16 q / 4 k at head_dim 128, 32 q / 8 k at 64), and d
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import sys
@@ -41,7 +47,7 @@ from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import QKProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from qk_table_hint import calls, flag_off_copy, medians  # noqa: E402
+from qk_table_hint import calls, flag_off_copy, medians, module_copy  # noqa: E402
 from qk_words_hd64 import largest_difference, plan_of  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens, head_dim 128 unless said)
@@ -64,6 +70,12 @@ SHAPES = {
     "hd64 40q/40k": dict(heads=40, k_heads=40, head_dim=64),
     "hd64 64q/8k": dict(heads=64, k_heads=8, head_dim=64),
     "hd64 14q/2k batch 4": dict(heads=14, k_heads=2, head_dim=64, batch=4),
+    "hd64 9q/3k": dict(heads=9, k_heads=3, head_dim=64),
+    "hd64 15q/5k": dict(heads=15, k_heads=5, head_dim=64),
+    "hd96 32q/32k": dict(heads=32, k_heads=32, head_dim=96),
+    "hd96 32q/8k": dict(heads=32, k_heads=8, head_dim=96),
+    "hd96 16q/16k": dict(heads=16, k_heads=16, head_dim=96),
+    "hd96 32q/32k batch 4": dict(heads=32, k_heads=32, head_dim=96, batch=4),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),
@@ -86,13 +98,23 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default=None,
                         help="comma-separated shape names (_ for a space)")
+    parser.add_argument("--before", type=pathlib.Path, default=None,
+                        help="the rope_qk.py of the side before (else HEAD_COUNT_TILES off)")
     args = parser.parse_args(argv)
     assert rope_qk.launch is _launch.thin_launch  # as the package runs
-    before = flag_off_copy("HEAD_COUNT_TILES")
+    if args.before is None:
+        before = flag_off_copy("HEAD_COUNT_TILES")
+    else:
+        before = module_copy("rope_qk_before", args.before)
     copy = copy_bandwidth_gbps()
     result = {"provenance": provenance(copy, "qk_head_counts"), "rounds": args.rounds,
               "shapes": {}}
-    result["provenance"]["command"] = "python scripts/qk_head_counts.py"
+    result["provenance"]["command"] = "python scripts/qk_head_counts.py" + "".join(
+        f" --{name} {value}" for name, value in (("before", args.before), ("only", args.only))
+        if value is not None)
+    if args.before is not None:
+        result["provenance"]["before_sha256"] = hashlib.sha256(
+            args.before.read_bytes()).hexdigest()[:16]
     names = SHAPES if args.only is None else args.only.replace("_", " ").split(",")
     shapes = {name: SHAPES[name] for name in names}
     start = time.time()

@@ -462,14 +462,18 @@ def serving_and_hf_launches(qk, dtype) -> dict:
 def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
     """{name: launch} of calls that ``rope_qk.HEAD_COUNT_TILES`` plans in 16-bit: Hugging Face's
     tables at 20 q / 20 k heads of 128 (loads first on 2 warps, q in a block of 32 heads) and 14
-    q / 2 k of 64 (Qwen2.5 0.5B's), the cache at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4
-    heads), 20 q / 20 k of 128 (loads first on 4 warps) and 40 q / 8 k of 64 (2 tokens x 8)."""
+    q / 2 k of 64 (Qwen2.5 0.5B's: loads first, 2 tokens a program) and 32 q / 32 k of 96 (Phi-3
+    mini's: loads first, one token), the cache at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4
+    heads), 20 q / 20 k of 128 and 32 q / 32 k of 96 (loads first on 4 warps) and 40 q / 8 k of
+    64 (2 tokens x 8)."""
     positions = meta(4096, dtype=torch.int64)
     launches = {}
-    for name, heads, k_heads, head_dim in (("hf 20q/20k", 20, 20, 128), ("hf 14q/2k", 14, 2, 64)):
+    for name, heads, k_heads, head_dim in (("hf 20q/20k", 20, 20, 128), ("hf 14q/2k", 14, 2, 64),
+                                           ("hf hd96 32q/32k", 32, 32, 96)):
         launches[name] = hf_launch(qk, dtype, heads, k_heads, head_dim, head_dim)
     for name, heads, k_heads, head_dim in (("cache 28q/4k", 28, 4, 128),
                                            ("cache 20q/20k", 20, 20, 128),
+                                           ("cache hd96 32q/32k", 32, 32, 96),
                                            ("cache 40q/8k", 40, 8, 64)):
         q = meta(4096, heads * head_dim, dtype=dtype)
         k = meta(4096, k_heads * head_dim, dtype=dtype)
@@ -483,13 +487,17 @@ def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
 def test_head_count_plans_hold_q_and_k_in_registers(compiled_modules):
     """``HEAD_COUNT_TILES``'s plans compiled for sm_90, where they were measured, keep their
     tiles in registers: no local memory, no stack (loads first at 20 q / 20 k heads of 128 on 2
-    warps holds two 32-head blocks: 168 registers a thread on Triton 3.6)."""
+    warps holds two 32-head blocks: 168 registers a thread on Triton 3.6; so does Phi-3 mini's
+    32 / 32 of 96, padded to 128 channels)."""
     qk = compiled_modules["rope_qk"]
     launches = head_count_launches(qk)
     modes = {name: (plan.constexprs, plan.num_warps) for name, (plan, _) in launches.items()}
-    assert modes["hf 20q/20k"][0]["LOADS_FIRST"] and modes["hf 20q/20k"][0]["BLOCK_H"] == 32
+    for name in ("hf 20q/20k", "hf hd96 32q/32k", "cache hd96 32q/32k"):
+        assert modes[name][0]["LOADS_FIRST"] and modes[name][0]["BLOCK_H"] == 32, name
+    assert modes["hf 14q/2k"][0]["LOADS_FIRST"] and modes["hf 14q/2k"][0]["BLOCK_S"] == 2
     assert (modes["cache 28q/4k"][0]["BLOCK_S"], modes["cache 28q/4k"][0]["BLOCK_H"]) == (2, 4)
-    assert all(warps == (4 if name == "cache 20q/20k" else 2) for name, (_, warps) in modes.items())
+    four = ("cache 20q/20k", "cache hd96 32q/32k")
+    assert all(warps == (4 if name in four else 2) for name, (_, warps) in modes.items())
     for name, launch in launches.items():
         usage = cuobjdump(compile_qk(qk, launch), "-res-usage")
         assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0\b", usage), (name, usage)

@@ -349,9 +349,10 @@ def _hf_backward_reference(grad, cos, sin, pairs="half"):
     return x64.grad
 
 
-def _loads_first(q_heads, k_heads, warps):
-    """The loads-first config (all of q in one block, all of k in another)."""
-    return dict(block_s=1, block_h=1 << (q_heads - 1).bit_length(),
+def _loads_first(q_heads, k_heads, warps, tokens=1):
+    """The loads-first config (``tokens`` a program, all of their q in one block, all of their
+    k in another)."""
+    return dict(block_s=tokens, block_h=1 << (q_heads - 1).bit_length(),
                 block_hk=1 << (k_heads - 1).bit_length(), num_warps=warps, all_heads=True,
                 loads_first=True)
 
@@ -626,8 +627,12 @@ def test_default_config_loads_first(monkeypatch):
 # (q_heads, k_heads, head_dim, table) -> the tile of HEAD_COUNT_TILES (_head_count_tile's
 # docstring), out of place and in place, in bf16 and fp16, on a GPU.
 HEAD_COUNT_CASES = {
-    (14, 2, 64, "hf"): _loads_first(14, 2, 2), (14, 2, 64, "cache"): _loads_first(14, 2, 2),
+    (14, 2, 64, "hf"): _loads_first(14, 2, 2, tokens=2),
+    (14, 2, 64, "cache"): _loads_first(14, 2, 2, tokens=2),
+    (9, 3, 64, "hf"): _loads_first(9, 3, 2, tokens=2),
+    (15, 5, 64, "cache"): _loads_first(15, 5, 2, tokens=2),
     (28, 4, 64, "hf"): _loads_first(28, 4, 2), (12, 12, 64, "cache"): _loads_first(12, 12, 2),
+    (24, 8, 64, "cache"): _loads_first(24, 8, 2),
     (40, 8, 64, "cache"): _blocks(2, 8, 2), (64, 8, 64, "cache"): _blocks(2, 8, 2),
     (40, 40, 64, "hf"): _blocks(2, 8, 2),
     (10, 10, 128, "hf"): _loads_first(10, 10, 2), (16, 8, 128, "hf"): _loads_first(16, 8, 2),
@@ -636,6 +641,9 @@ HEAD_COUNT_CASES = {
     (10, 10, 128, "cache"): _loads_first(10, 10, 4),
     (20, 20, 128, "cache"): _loads_first(20, 20, 4),
     (40, 40, 128, "cache"): _blocks(1, 8, 2), (28, 4, 128, "cache"): _blocks(2, 4, 2),
+    # head_dim 96 (Phi-3 mini's 32 / 32), rows padded to 128 channels
+    (32, 32, 96, "hf"): _loads_first(32, 32, 2), (32, 32, 96, "cache"): _loads_first(32, 32, 4),
+    (32, 8, 96, "hf"): _loads_first(32, 8, 2), (16, 16, 96, "cache"): _loads_first(16, 16, 4),
 }
 # Calls it leaves as the rules below plan them, (q_heads, k_heads, head_dim, tables): the
 # benchmark's head counts and others where those rules were measured best
@@ -644,13 +652,16 @@ HEAD_COUNTS_LEFT = [(*shape, ("hf", "cache")) for shape in (
     (32, 8, 128), (16, 4, 128), (32, 32, 128), (64, 8, 128), (32, 8, 64), (16, 16, 128),
     (8, 8, 128), (12, 2, 128), (20, 20, 64))] + [
     (40, 10, 128, ("cache",)), (24, 8, 128, ("cache",)), (16, 8, 128, ("cache",)),
-    (40, 40, 64, ("cache",)), (40, 8, 64, ("hf",)), (28, 4, 128, ("hf",))]
+    (40, 40, 64, ("cache",)), (40, 8, 64, ("hf",)), (28, 4, 128, ("hf",)),
+    # head_dim 96 past 32 q heads or with more k heads than q, other padded rows (not measured)
+    (40, 8, 96, ("hf", "cache")), (8, 16, 96, ("hf", "cache")), (32, 8, 80, ("hf", "cache")),
+    (32, 8, 112, ("hf", "cache"))]
 
 
 def test_default_config_of_head_counts(monkeypatch):
     """``HEAD_COUNT_TILES``: 16-bit half-split calls of the cos/sin cache and Hugging Face's
     tables (GPT-OSS's and NanoChat's too, which take Llama's tiles) with the whole head rotated
-    at head_dim 64 and 128, on a GPU, at head counts the rules below fit badly, take the tiles of
+    at head_dim 64, 96 and 128, on a GPU, at head counts the rules below fit badly, take the tiles of
     ``_head_count_tile`` (HEAD_COUNT_CASES), out of place and in place; with the switch off, or
     in float32, with interleaved pairs, part of the head rotated, results transposed or on the
     interpreter, the rules below decide; and the calls of HEAD_COUNTS_LEFT (the benchmark's head
