@@ -828,7 +828,8 @@ PARTS_OUTER = True
 LOADS_BEFORE_POSITIONS = True
 # Tiles of their own for 16-bit half-split calls of the cos/sin cache and Hugging Face's tables
 # whose head counts the rules below fit badly: blocks partly masked (10, 12, 20 or 40 heads in
-# blocks of 8 or 16), or 4 warps where 2 move more (``_head_count_tile``).
+# blocks of 8 or 16), 4 warps where 2 move more, one token's 2 KB where 2 tokens move more, or
+# head_dim 96's rows padded to 128 channels in blocks of 8 heads (``_head_count_tile``).
 HEAD_COUNT_TILES = True
 
 
@@ -887,17 +888,21 @@ def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> 
       part of its block, 2 KB blocks (40q/40k 0.946 -> 0.991); q over 4 KB with k under 2 KB, 2
       tokens x 4 heads on 2 warps (28q/4k 0.913 -> 0.972).
 
-    Then (a probe of 12 tiles, H200, 3 shuffled rounds, not recorded; against the rules before,
-    ``scripts/qk_head_counts.py --before``, figures/qk_head_counts_more_h200.json):
+    Then (a probe of 12 tiles, H200, 3 shuffled rounds, not recorded; against the tiles of
+    06fe1c9, ``scripts/qk_head_counts.py --before``, figures/qk_head_counts_more_h200.json: 32
+    calls 0.984-1.145 times the speed, median 1.057):
 
     - 128 B rows, q not a power of two in at most 2 KB (SmolLM2's 9 q / 3 k and 15 / 5,
       Qwen2.5 0.5B's 14 / 2), k no more than half of q: loads first on 2 warps, 2 tokens a
-      program, twice the bytes in flight of one token's (at 12 q / 12 k the cache lost 1.4-2.0%
-      with it).
+      program, twice the bytes in flight of one token's (9q/3k 0.712 -> 0.783 Hugging Face's,
+      0.743 -> 0.811 the cache; 15q/5k 0.828 -> 0.922, 0.896 -> 0.923; 14q/2k 0.857 -> 0.906,
+      0.863 -> 0.904; at 12q/12k and 24q/8k the cache lost 1.4-3.1 points with it).
     - head_dim 96 (Phi-3 mini's and Phi-3.5 mini's 32 / 32), whose rows the tiles pad to 128
       channels, up to 32 heads and k no more than q: loads first, one token a program, on 2
-      warps for Hugging Face's tables and 4 for the cache. The rules below give these rows one
-      token's 8 heads (1.5 KB) a program for the cache, 16 heads for Hugging Face's."""
+      warps for Hugging Face's tables and 4 for the cache (32q/32k 0.933 -> 0.976 Hugging
+      Face's, its backward 0.994 -> 0.978; the cache 0.900 -> 0.981, in place 0.892 -> 0.957).
+      The rules below give these rows one token's 8 heads (1.5 KB) a program for the cache, 16
+      heads for Hugging Face's. Other padded sizes (80, 112) were not measured."""
     row = _next_pow2(head_dim) * 2  # bytes of a row as the tiles hold it (16-bit)
     cache, hf = angles == ANGLES["cache"], angles == ANGLES["cos_sin"]
     if head_dim != _next_pow2(head_dim):
@@ -1071,9 +1076,11 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
 
     ``HEAD_COUNT_TILES`` (after ``WHOLE_ROWS``, before the rules from the transposed tile on):
     16-bit half-split calls of the cache and Hugging Face's tables with the whole head rotated,
-    at head_dim 64 and 128, take ``_head_count_tile``'s tiles at head counts these rules fit
+    at head_dim 64, 96 and 128, take ``_head_count_tile``'s tiles at head counts these rules fit
     badly: at 69 calls of figures/qk_head_counts_h200.json 0.991-1.407 times the speed of these
-    rules (median 1.034). The benchmark's head counts keep these rules.
+    rules (median 1.034), then at 32 calls of figures/qk_head_counts_more_h200.json (head_dim 96,
+    small grouped q of 64) 0.984-1.145 times that of the tiles before (median 1.057). The
+    benchmark's head counts keep these rules.
 
     GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
     Llama's (2): see ``_tile_angles``."""
