@@ -894,9 +894,11 @@ def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> 
 
     - 128 B rows, q not a power of two in at most 2 KB (SmolLM2's 9 q / 3 k and 15 / 5,
       Qwen2.5 0.5B's 14 / 2), k no more than half of q: loads first on 2 warps, 2 tokens a
-      program, twice the bytes in flight of one token's (9q/3k 0.712 -> 0.783 Hugging Face's,
-      0.743 -> 0.811 the cache; 15q/5k 0.828 -> 0.922, 0.896 -> 0.923; 14q/2k 0.857 -> 0.906,
-      0.863 -> 0.904; at 12q/12k and 24q/8k the cache lost 1.4-3.1 points with it).
+      program, twice the bytes in flight of one token's (15q/5k 0.828 -> 0.922 Hugging Face's,
+      0.896 -> 0.923 the cache; 14q/2k 0.857 -> 0.906, 0.863 -> 0.904; at 12q/12k and 24q/8k the
+      cache lost 1.4-3.1 points with it); on 1 warp where q and k of a token are at most 1.5 KB
+      (9q/3k: 2 warps 0.781 / 0.818, 1 warp 0.871 / 0.834 in a second probe; 15q/5k and 14q/2k
+      lost 0.5-1.7 points on 1).
     - head_dim 96 (Phi-3 mini's and Phi-3.5 mini's 32 / 32), whose rows the tiles pad to 128
       channels, up to 32 heads and k no more than q: loads first, one token a program, on 2
       warps for Hugging Face's tables and 4 for the cache (32q/32k 0.933 -> 0.976 Hugging
@@ -917,7 +919,9 @@ def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> 
     if row == 128:
         if q_bytes <= 4096 and k_bytes < 2048 and k_heads <= q_heads and not power_of_two:
             two = q_bytes <= 2048 and 2 * k_heads <= q_heads  # small q, grouped k
-            return _loads_first(q_heads, k_heads, num_warps=2, block_s=2 if two else 1)
+            # 2 tokens of at most 1.5 KB each: one warp (SmolLM2 135M's 9 q / 3 k)
+            warps = 1 if two and both <= 1536 else 2
+            return _loads_first(q_heads, k_heads, num_warps=warps, block_s=2 if two else 1)
         if q_bytes > 4096 and ((cache and k_bytes < 2048 and both <= 16384)
                                or (hf and generic_masks)):
             return dict(block_s=2, block_h=8, num_warps=2, all_heads=False)

@@ -462,14 +462,14 @@ def serving_and_hf_launches(qk, dtype) -> dict:
 def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
     """{name: launch} of calls that ``rope_qk.HEAD_COUNT_TILES`` plans in 16-bit: Hugging Face's
     tables at 20 q / 20 k heads of 128 (loads first on 2 warps, q in a block of 32 heads) and 14
-    q / 2 k of 64 (Qwen2.5 0.5B's: loads first, 2 tokens a program) and 32 q / 32 k of 96 (Phi-3
-    mini's: loads first, one token), the cache at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4
+    q / 2 k of 64 (Qwen2.5 0.5B's: loads first, 2 tokens a program; SmolLM2 135M's 9 / 3 the
+    same on one warp) and 32 q / 32 k of 96 (Phi-3 mini's: loads first, one token), the cache at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4
     heads), 20 q / 20 k of 128 and 32 q / 32 k of 96 (loads first on 4 warps) and 40 q / 8 k of
     64 (2 tokens x 8)."""
     positions = meta(4096, dtype=torch.int64)
     launches = {}
     for name, heads, k_heads, head_dim in (("hf 20q/20k", 20, 20, 128), ("hf 14q/2k", 14, 2, 64),
-                                           ("hf hd96 32q/32k", 32, 32, 96)):
+                                           ("hf 9q/3k", 9, 3, 64), ("hf hd96 32q/32k", 32, 32, 96)):
         launches[name] = hf_launch(qk, dtype, heads, k_heads, head_dim, head_dim)
     for name, heads, k_heads, head_dim in (("cache 28q/4k", 28, 4, 128),
                                            ("cache 20q/20k", 20, 20, 128),
@@ -497,7 +497,8 @@ def test_head_count_plans_hold_q_and_k_in_registers(compiled_modules):
     assert modes["hf 14q/2k"][0]["LOADS_FIRST"] and modes["hf 14q/2k"][0]["BLOCK_S"] == 2
     assert (modes["cache 28q/4k"][0]["BLOCK_S"], modes["cache 28q/4k"][0]["BLOCK_H"]) == (2, 4)
     four = ("cache 20q/20k", "cache hd96 32q/32k")
-    assert all(warps == (4 if name in four else 2) for name, (_, warps) in modes.items())
+    assert all(warps == (4 if name in four else 1 if name == "hf 9q/3k" else 2)
+               for name, (_, warps) in modes.items())
     for name, launch in launches.items():
         usage = cuobjdump(compile_qk(qk, launch), "-res-usage")
         assert re.search(r"STACK:0 ", usage) and re.search(r"LOCAL:0\b", usage), (name, usage)

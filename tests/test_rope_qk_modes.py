@@ -629,7 +629,7 @@ def test_default_config_loads_first(monkeypatch):
 HEAD_COUNT_CASES = {
     (14, 2, 64, "hf"): _loads_first(14, 2, 2, tokens=2),
     (14, 2, 64, "cache"): _loads_first(14, 2, 2, tokens=2),
-    (9, 3, 64, "hf"): _loads_first(9, 3, 2, tokens=2),
+    (9, 3, 64, "hf"): _loads_first(9, 3, 1, tokens=2),
     (15, 5, 64, "cache"): _loads_first(15, 5, 2, tokens=2),
     (28, 4, 64, "hf"): _loads_first(28, 4, 2), (12, 12, 64, "cache"): _loads_first(12, 12, 2),
     (24, 8, 64, "cache"): _loads_first(24, 8, 2),
