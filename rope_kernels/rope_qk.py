@@ -890,19 +890,19 @@ def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> 
 
     Then (a probe of 12 tiles, H200, 3 shuffled rounds, not recorded; against the tiles of
     06fe1c9, ``scripts/qk_head_counts.py --before``, figures/qk_head_counts_more_h200.json: 32
-    calls 0.984-1.145 times the speed, median 1.057):
+    calls 0.986-1.246 times the speed, median 1.061):
 
     - 128 B rows, q not a power of two in at most 2 KB (SmolLM2's 9 q / 3 k and 15 / 5,
       Qwen2.5 0.5B's 14 / 2), k no more than half of q: loads first on 2 warps, 2 tokens a
-      program, twice the bytes in flight of one token's (15q/5k 0.828 -> 0.922 Hugging Face's,
-      0.896 -> 0.923 the cache; 14q/2k 0.857 -> 0.906, 0.863 -> 0.904; at 12q/12k and 24q/8k the
+      program, twice the bytes in flight of one token's (15q/5k 0.829 -> 0.928 Hugging Face's,
+      0.897 -> 0.924 the cache; 14q/2k 0.853 -> 0.908, 0.857 -> 0.903; at 12q/12k and 24q/8k the
       cache lost 1.4-3.1 points with it); on 1 warp where q and k of a token are at most 1.5 KB
-      (9q/3k: 2 warps 0.781 / 0.818, 1 warp 0.871 / 0.834 in a second probe; 15q/5k and 14q/2k
-      lost 0.5-1.7 points on 1).
+      (9q/3k: 2 warps 0.781 / 0.818, 1 warp 0.871 / 0.834 in a second probe, recorded 0.713 ->
+      0.859 / 0.750 -> 0.828 against one token on 2; 15q/5k and 14q/2k lost 0.5-1.7 points on 1).
     - head_dim 96 (Phi-3 mini's and Phi-3.5 mini's 32 / 32), whose rows the tiles pad to 128
       channels, up to 32 heads and k no more than q: loads first, one token a program, on 2
-      warps for Hugging Face's tables and 4 for the cache (32q/32k 0.933 -> 0.976 Hugging
-      Face's, its backward 0.994 -> 0.978; the cache 0.900 -> 0.981, in place 0.892 -> 0.957).
+      warps for Hugging Face's tables and 4 for the cache (32q/32k 0.933 -> 0.973 Hugging
+      Face's, its backward 0.992 -> 0.979; the cache 0.899 -> 0.981, in place 0.891 -> 0.957).
       The rules below give these rows one token's 8 heads (1.5 KB) a program for the cache, 16
       heads for Hugging Face's. Other padded sizes (80, 112) were not measured."""
     row = _next_pow2(head_dim) * 2  # bytes of a row as the tiles hold it (16-bit)
@@ -1083,7 +1083,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     at head_dim 64, 96 and 128, take ``_head_count_tile``'s tiles at head counts these rules fit
     badly: at 69 calls of figures/qk_head_counts_h200.json 0.991-1.407 times the speed of these
     rules (median 1.034), then at 32 calls of figures/qk_head_counts_more_h200.json (head_dim 96,
-    small grouped q of 64) 0.984-1.145 times that of the tiles before (median 1.057). The
+    small grouped q of 64) 0.986-1.246 times that of the tiles before (median 1.061). The
     benchmark's head counts keep these rules.
 
     GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
