@@ -907,8 +907,8 @@ def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> 
       heads for Hugging Face's. Other padded sizes (80, 112) were not measured."""
     row = _next_pow2(head_dim) * 2  # bytes of a row as the tiles hold it (16-bit)
     cache, hf = angles == ANGLES["cache"], angles == ANGLES["cos_sin"]
-    if head_dim != _next_pow2(head_dim):
-        if head_dim == 96 and (cache or hf) and k_heads <= q_heads <= 32:
+    if head_dim == 96:  # the one padded size measured (default_config passes 64, 96 and 128)
+        if (cache or hf) and k_heads <= q_heads <= 32:
             return _loads_first(q_heads, k_heads, num_warps=4 if cache else 2)
         return None
     q_bytes, k_bytes, both = q_heads * row, k_heads * row, (q_heads + k_heads) * row

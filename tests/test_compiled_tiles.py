@@ -463,9 +463,9 @@ def head_count_launches(qk, dtype=torch.bfloat16) -> dict:
     """{name: launch} of calls that ``rope_qk.HEAD_COUNT_TILES`` plans in 16-bit: Hugging Face's
     tables at 20 q / 20 k heads of 128 (loads first on 2 warps, q in a block of 32 heads) and 14
     q / 2 k of 64 (Qwen2.5 0.5B's: loads first, 2 tokens a program; SmolLM2 135M's 9 / 3 the
-    same on one warp) and 32 q / 32 k of 96 (Phi-3 mini's: loads first, one token), the cache at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4
-    heads), 20 q / 20 k of 128 and 32 q / 32 k of 96 (loads first on 4 warps) and 40 q / 8 k of
-    64 (2 tokens x 8)."""
+    same on one warp) and 32 q / 32 k of 96 (Phi-3 mini's: loads first, one token), the cache
+    at 28 q / 4 k of 128 (Qwen2.5 7B's: 2 tokens x 4 heads), 20 q / 20 k of 128 and 32 q / 32 k
+    of 96 (loads first on 4 warps) and 40 q / 8 k of 64 (2 tokens x 8)."""
     positions = meta(4096, dtype=torch.int64)
     launches = {}
     for name, heads, k_heads, head_dim in (("hf 20q/20k", 20, 20, 128), ("hf 14q/2k", 14, 2, 64),

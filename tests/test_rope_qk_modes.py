@@ -664,8 +664,8 @@ def test_default_config_of_head_counts(monkeypatch):
     at head_dim 64, 96 and 128, on a GPU, at head counts the rules below fit badly, take the
     tiles of ``_head_count_tile`` (HEAD_COUNT_CASES), out of place and in place; with the
     switch off, or in float32, with interleaved pairs, part of the head rotated, results
-    transposed or on the interpreter, the rules below decide; and the calls of HEAD_COUNTS_LEFT (the benchmark's head
-    counts among them) get the same tile either way."""
+    transposed or on the interpreter, the rules below decide; and the calls of HEAD_COUNTS_LEFT
+    (the benchmark's head counts among them) get the same tile either way."""
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
     tables = {"hf": rope_qk.ANGLES["cos_sin"], "cache": rope_qk.ANGLES["cache"]}
 
