@@ -333,11 +333,19 @@ def _store_pairs(ptr, offsets, y1, y2, mask):
 
 @triton.jit
 def _pass_channels(ptr, row_mask, rotary_dim, head_dim, INTERLEAVED: tl.constexpr,
-                   INT64: tl.constexpr, PASS: tl.constexpr):
+                   INT64: tl.constexpr, PASS: tl.constexpr, PASS_ROWS: tl.constexpr):
     """The channels past rotary_dim of a tile's rows [BLOCK_S, BLOCK_H, 1] (``row_mask``),
     copied through: (base pointer, channel index [PASS], mask). With INTERLEAVED 2 they move as
-    words, like the pairs: the base reinterpreted as words, the index and its bound halved."""
-    if INTERLEAVED == 2:
+    words, like the pairs: the base reinterpreted as words, the index and its bound halved.
+    With PASS_ROWS, whole rows (channels 0..head_dim-1; PASS a power of two >= head_dim): where
+    rotary_dim is not a multiple of 16, the channels past it start at an address the compiler
+    cannot prove aligned, and move one element an instruction; the whole row moves in 16-byte
+    vectors, and the rotated channels are written again over it (``_store_tile``)."""
+    if PASS_ROWS:
+        p = tl.arange(0, PASS)
+        p_mask = row_mask & (p < head_dim)[None, None, :]
+        base = ptr
+    elif INTERLEAVED == 2:
         p = rotary_dim // 2 + tl.arange(0, PASS)
         p_mask = row_mask & (p < head_dim // 2)[None, None, :]
         base = _as_words(ptr)
@@ -355,7 +363,7 @@ def _load_tile(
     x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     x_s, x_b, x_g, x_u, x_d,
     INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, PASS_ROWS: tl.constexpr,
 ):
     """Issue the loads of a tile of BLOCK_S tokens x BLOCK_H heads of one part: the pairs' two
     channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice, or with INTERLEAVED 2
@@ -391,7 +399,7 @@ def _load_tile(
         xp = x1
         if PASS > 0:
             base, p, p_mask = _pass_channels(x_ptr, row_mask, rotary_dim, head_dim, INTERLEAVED,
-                                             INT64, PASS)
+                                             INT64, PASS, PASS_ROWS)
             xp = tl.load(base + x_row + p[None, None, :] * x_d, mask=p_mask)
     return x1, x2, xp
 
@@ -402,7 +410,7 @@ def _store_tile(
     s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     o_s, o_b, o_g, o_u, o_d,
     INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, PASS_ROWS: tl.constexpr,
 ):
     """Rotate a tile loaded by ``_load_tile`` by its tokens' cos/sin [BLOCK_S, HALF] and store it
     (the channels past rotary_dim copied). With ``ROW``: whole rows, one store."""
@@ -421,6 +429,13 @@ def _store_tile(
     else:
         o_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, o_s, o_b, o_g,
                                      o_u, INT64, BLOCK_H)
+        if PASS_ROWS:
+            # The whole rows first, then (after the barrier, which orders the block's stores to
+            # the same addresses) the rotated channels over them.
+            base, p, p_mask = _pass_channels(out_ptr, row_mask, rotary_dim, head_dim,
+                                             INTERLEAVED, INT64, PASS, PASS_ROWS)
+            tl.store(base + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
+            tl.debug_barrier()
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         mask = row_mask & j_mask[None, None, :]
         if INTERLEAVED == 1:
@@ -446,9 +461,9 @@ def _store_tile(
                      mask=mask)
             tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
                      mask=mask)
-        if PASS > 0:
+        if PASS > 0 and not PASS_ROWS:
             base, p, p_mask = _pass_channels(out_ptr, row_mask, rotary_dim, head_dim, INTERLEAVED,
-                                             INT64, PASS)
+                                             INT64, PASS, PASS_ROWS)
             tl.store(base + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
 
 
@@ -460,20 +475,21 @@ def _rotate_tile(
     ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr, INT64: tl.constexpr, ANGLES_HERE: tl.constexpr,
     BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr, ROW: tl.constexpr,
+    PASS_ROWS: tl.constexpr,
 ):
     """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin: given
     (``_angles``, computed once for several tiles), or with ``ANGLES_HERE`` computed here, after
     x's loads are issued so that the angle loads and the trig overlap their latency."""
     x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
                             head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
-                            PASS, ROW)
+                            PASS, ROW, PASS_ROWS)
     if ANGLES_HERE:
         cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF, ROW)
     _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
                 n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
-                HALF, PASS, ROW)
+                HALF, PASS, ROW, PASS_ROWS)
 
 
 @triton.jit
@@ -515,7 +531,7 @@ def _rotate_tile_x_first(
     ANGLES: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
     USE_CP: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, PASS_ROWS: tl.constexpr,
 ):
     """``_rotate_tile`` for a program of one head block whose table rows come from positions
     (``X_FIRST``): the tile's loads are issued first, then those of the positions and of the
@@ -526,7 +542,7 @@ def _rotate_tile_x_first(
     the tile and of the positions in the SASS; it waits on no load)."""
     x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
                             head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
-                            PASS, ROW)
+                            PASS, ROW, PASS_ROWS)
     tl.debug_barrier()
     t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
                         t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
@@ -535,7 +551,7 @@ def _rotate_tile_x_first(
                                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, HALF, ROW)
     _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
                 n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
-                HALF, PASS, ROW)
+                HALF, PASS, ROW, PASS_ROWS)
 
 
 @triton.jit
@@ -600,6 +616,7 @@ def rope_qk_kernel(
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0
     V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
     ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
+    PASS_ROWS: tl.constexpr,  # the channels past rotary_dim moved with whole rows (PASS wide)
 ):
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
@@ -665,10 +682,10 @@ def rope_qk_kernel(
         # before any store (the program keeps all of its bytes in flight), then the angles.
         q1, q2, qp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
                                 head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64, BLOCK_H,
-                                HALF, PASS, ROW)
+                                HALF, PASS, ROW, PASS_ROWS)
         k1, k2, kp = _load_tile(k_ptr, s_idx, s_mask, pid_b, 0, k_heads, k_sub, rotary_dim,
                                 head_dim, k_s, k_b, k_g, k_u, k_d, INTERLEAVED, INT64, BLOCK_HK,
-                                HALF, PASS, ROW)
+                                HALF, PASS, ROW, PASS_ROWS)
         if X_FIRST:
             tl.debug_barrier()  # q's and k's loads before the positions' (_rotate_tile_x_first)
             t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
@@ -679,21 +696,21 @@ def rope_qk_kernel(
                                          INT64, HALF, ROW)
         _store_tile(q_out_ptr, q1, q2, qp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                     q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
-                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW)
+                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
                                              FAST_TRIG, INT64, HALF, ROW)
         _store_tile(k_out_ptr, k1, k2, kp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                     k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g, ko_u, ko_d,
-                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW)
+                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW, PASS_ROWS)
     elif ALL_HEADS:
         # The cos/sin of these tokens once, for every head block of q, k (and v's copy). With
         # X_FIRST they are loaded after the first block of q has its loads issued.
         if X_FIRST:
             x1, x2, xp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
                                     head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64,
-                                    BLOCK_H, HALF, PASS, ROW)
+                                    BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
             tl.debug_barrier()
             t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
                                 seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
@@ -704,13 +721,13 @@ def rope_qk_kernel(
         if X_FIRST:
             _store_tile(q_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                         q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
-                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW)
+                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
         for hb in tl.static_range(1 if X_FIRST else 0, Q_LOOP):
             _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, q_table_ptr, sin_ptr, t_row,
                          s_idx, s_mask, pid_b, hb, q_heads, q_sub, rotary_dim, head_dim,
                          q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
                          ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_H, HALF,
-                         PASS, ROW)
+                         PASS, ROW, PASS_ROWS)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
@@ -720,7 +737,7 @@ def rope_qk_kernel(
                          s_idx, s_mask, pid_b, hb, k_heads, k_sub, rotary_dim, head_dim,
                          k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
                          ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_HK, HALF,
-                         PASS, ROW)
+                         PASS, ROW, PASS_ROWS)
         if HAS_V:
             for hb in tl.static_range(V_LOOP):
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
@@ -734,7 +751,7 @@ def rope_qk_kernel(
                 q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
                 t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
                 ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
-                BLOCK_H, HALF, PASS, ROW)
+                BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
         elif pid_h < q_blocks + k_blocks:
             _rotate_tile_x_first(
                 k_ptr, k_out_ptr, k_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
@@ -742,7 +759,7 @@ def rope_qk_kernel(
                 seq_len, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
                 t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
                 ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
-                BLOCK_HK, HALF, PASS, ROW)
+                BLOCK_HK, HALF, PASS, ROW, PASS_ROWS)
         elif HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
                        v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
@@ -752,13 +769,13 @@ def rope_qk_kernel(
                      s_idx, s_mask, pid_b, pid_h, q_heads, q_sub, rotary_dim, head_dim,
                      q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS,
-                     ROW)
+                     ROW, PASS_ROWS)
     elif pid_h < q_blocks + k_blocks:
         _rotate_tile(k_ptr, k_out_ptr, 0.0, 0.0, 0.0, 0.0, k_table_ptr, sin_ptr, t_row,
                      s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads, k_sub, rotary_dim,
                      head_dim, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_HK, HALF, PASS,
-                     ROW)
+                     ROW, PASS_ROWS)
     else:
         if HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
@@ -831,6 +848,17 @@ LOADS_BEFORE_POSITIONS = True
 # blocks of 8 or 16), 4 warps where 2 move more, one token's 2 KB where 2 tokens move more, or
 # head_dim 96's rows padded to 128 channels in blocks of 8 heads (``_head_count_tile``).
 HEAD_COUNT_TILES = True
+# Partial rotary with rotary_dim not a multiple of 16 (GPT-NeoX 20B's 24 of 96 channels, Pythia
+# 2.8B's and StableLM 3B's 20 of 80): the channels past rotary_dim moved as whole rows, in 16-byte
+# vectors, the rotated channels written again over them (``PASS_ROWS`` in the kernel).
+PASS_AS_ROWS = True
+# Tiles of models' shapes the rules below fit badly, from a probe of 13 models' head counts (H200,
+# 3 shuffled rounds; see default_config): few k heads with q over 4 KB (FEW_K_HEAD_TILES), rows
+# padded to a power of two in Hugging Face's partial rotary (PADDED_TRANSPOSED_PAIRS), and the
+# cos/sin cache with part of 128 B rows rotated (PARTIAL_128B_CACHE_TILES).
+FEW_K_HEAD_TILES = True
+PADDED_TRANSPOSED_PAIRS = True
+PARTIAL_128B_CACHE_TILES = True
 
 
 def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
@@ -847,6 +875,22 @@ def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
     kernel of 0892ecc compiled to the same SASS as before it (42 plans checked with Triton
     3.7.1); since d697775 the rotation is written as fma, which schedules most plans otherwise."""
     return LOADS_BEFORE_POSITIONS and has_positions and not interleaved and not narrowed
+
+
+def _pass_rows(head_dim: int, rotary_dim: Optional[int], element_size: int, interleaved: bool,
+               words: bool, angles: int) -> bool:
+    """Whether a call moves the channels past rotary_dim as whole rows (``PASS_AS_ROWS``, the
+    kernel's ``PASS_ROWS``): 16-bit half-split pairs of the cos/sin cache or Hugging Face's
+    tables (``angles`` as ``default_config`` takes them) with part of the head rotated, where
+    rotary_dim is not a multiple of 16. There the compiler cannot prove the pass channels' start
+    aligned (it knows an integer argument's divisibility by 16, no finer), and moves them, like
+    the pairs, one element an instruction. Measured in bf16 on an H200 (probe, 3 shuffled rounds,
+    1 token x 8 heads on 2 warps, fraction of copy, pass channels as before -> as rows): Pythia
+    2.8B's 20 of 80 channels 0.43 -> 0.70, GPT-NeoX 20B's 24 of 96 0.44 -> 0.77, 24 of 128 0.54
+    -> 0.84; the rotated pairs still move one element an instruction."""
+    return (PASS_AS_ROWS and rotary_dim is not None and rotary_dim < head_dim
+            and rotary_dim % 16 != 0 and element_size == 2 and not interleaved and not words
+            and angles in (ANGLES["cache"], ANGLES["cos_sin"]))
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,
@@ -1152,8 +1196,23 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 return dict(block_s=min(block_s, _next_pow2(max(1, seq_len))), block_h=block_h,
                             num_warps=num_warps, all_heads=False)
         interleaved = False
+    if on_gpu and _pass_rows(head_dim, rotary_dim, element_size, interleaved, words, angles):
+        # One token's 2 KB of heads on 2 warps (see _pass_rows; in the probe the best or within
+        # 1.6 points of the best of 12 tiles of 1-8 tokens x 2-32 heads on 2-4 warps).
+        return dict(block_s=1, block_h=max(1, min(_next_pow2(q_heads), 2048 // row)),
+                    num_warps=2, all_heads=False)
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
+    if (FEW_K_HEAD_TILES and on_gpu and element_size == 2 and not interleaved and not words
+            and not narrowed and not transposed and rotary_dim in (None, head_dim)
+            and angles in (ANGLES["cache"], ANGLES["cos_sin"]) and row in (128, 256)
+            and q_heads * row > 4096
+            and _head_block(q_heads, k_heads, max(1, TILE_BYTES // row)) * row <= 512):
+        # Few k heads (multi-query attention, Falcon 7B's 71 q / 1 k): the generic tile's head
+        # block, sized to k, would be 1-2 heads, 8 tokens of 128-512 B runs on 4 warps. 4 tokens
+        # x 1 KB of heads on 2 warps instead (FEW_K_HEAD_TILES).
+        return dict(block_s=min(4, _next_pow2(max(1, seq_len))), block_h=1024 // row,
+                    num_warps=2, all_heads=False)
     if (HEAD_COUNT_TILES and on_gpu and element_size == 2 and not interleaved and not words
             and not narrowed and not transposed and rotary_dim in (None, head_dim)
             and head_dim in (64, 96, 128)):
@@ -1163,6 +1222,11 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
             return tile
     if (on_gpu and transposed and not interleaved and 64 <= width <= 128
             and min(q_heads, k_heads) >= TRANSPOSED_TILE[1]):
+        if head_dim != width and PADDED_TRANSPOSED_PAIRS and element_size == 2:
+            # 16-bit rows padded to a power of two (Phi-2's 80 channels in 128): the pairs'
+            # tiles, on 4 warps (PADDED_TRANSPOSED_PAIRS).
+            return dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),
+                        block_h=TRANSPOSED_TILE[1], num_warps=4, all_heads=False)
         return dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),
                     block_h=TRANSPOSED_TILE[1], num_warps=2, all_heads=False, whole_rows=True)
     # One token's 2 KB head block per program, 2 warps: where rows are 256 B or more and k fills
@@ -1186,6 +1250,13 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
             and (q_heads + k_heads) * row <= 16384):
         if two_kb_blocks:
             return dict(block_s=1, block_h=2048 // row, num_warps=2, all_heads=False)
+        if (PARTIAL_128B_CACHE_TILES and rotary_dim is not None and 2 * rotary_dim < head_dim
+                and row == 128 and element_size == 2):
+            # Under half of 128 B rows rotated (StableLM 2's and Pythia's 16 of 64 channels): one
+            # token's 2 KB of heads on 2 warps, not the all-heads program (measured at a quarter;
+            # half, the benchmark's, keeps it; PARTIAL_128B_CACHE_TILES).
+            return dict(block_s=1, block_h=min(16, _next_pow2(q_heads)), num_warps=2,
+                        all_heads=False)
         if q_heads * row <= 4096:  # all of q in one block, all of k in another
             return dict(block_s=1, block_h=_next_pow2(q_heads), block_hk=_next_pow2(k_heads),
                         num_warps=2, all_heads=True)
@@ -1320,6 +1391,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     # TRANSPOSED_TOKEN_BLOCKS_FASTEST).
     token_blocks_fastest = (TRANSPOSED_TOKEN_BLOCKS_FASTEST and transposed and not all_heads
                             and _next_pow2(head_dim) * element_size >= 256)
+    whole_rows = bool(cfg.get("whole_rows")) and not interleaved
+    pass_rows = not whole_rows and _pass_rows(head_dim, rotary_dim, element_size, interleaved,
+                                              words, _tile_angles(angles, interleaved))
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
@@ -1356,11 +1430,14 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         K_LOOP=k_blocks if all_heads else 0,
         V_LOOP=part_blocks - q_blocks - k_blocks if all_heads else 0,
         HALF=_next_pow2(rotary_dim // 2),
-        # Channels past rotary_dim (in words of two when pairs are words).
-        PASS=(_next_pow2((head_dim - rotary_dim) // (2 if words else 1))
+        # Channels past rotary_dim (in words of two when pairs are words; with PASS_ROWS whole
+        # rows, the rotated channels written again over them).
+        PASS=(_next_pow2(head_dim) if pass_rows
+              else _next_pow2((head_dim - rotary_dim) // (2 if words else 1))
               if head_dim > rotary_dim else 0),
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
-        ROW=_next_pow2(head_dim) if cfg.get("whole_rows") and not interleaved else 0,
+        ROW=_next_pow2(head_dim) if whole_rows else 0,
+        PASS_ROWS=pass_rows,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
 

@@ -5,13 +5,20 @@
     git show 06fe1c9:rope_kernels/rope_qk.py > /tmp/rope_qk_06fe1c9.py
     python scripts/qk_head_counts.py --before /tmp/rope_qk_06fe1c9.py --only SHAPE,... \
         [--out figures/qk_head_counts_more_h200.json]
+    git show 683f4f5:rope_kernels/rope_qk.py > /tmp/rope_qk_683f4f5.py
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_683f4f5.py --only SHAPE,... \
+        [--out figures/qk_model_shapes_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
 and 40 / 8, Llama 2 13B's 40 / 40, Phi-3 medium's 40 / 10. There the rules' head blocks of 8 or
 16 leave part of a block masked, or their loads-first programs run on 4 warps where 2 move more.
 ``rope_qk._head_count_tile`` gives 16-bit half-split calls with the whole head rotated, at
-head_dim 64 and 128, the tiles a probe found best at such counts (``default_config``).
+head_dim 64 and 128, the tiles a probe found best at such counts (``default_config``). The
+third recording takes more models' shapes against the tiles of 683f4f5: few k heads
+(``FEW_K_HEAD_TILES``), part of the head rotated with rotary_dim not a multiple of 16
+(``PASS_AS_ROWS``), padded rows in Hugging Face's partial rotary (``PADDED_TRANSPOSED_PAIRS``)
+and a quarter of 128 B rows through the cache (``PARTIAL_128B_CACHE_TILES``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an
@@ -76,10 +83,28 @@ SHAPES = {
     "hd96 32q/8k": dict(heads=32, k_heads=8, head_dim=96),
     "hd96 16q/16k": dict(heads=16, k_heads=16, head_dim=96),
     "hd96 32q/32k batch 4": dict(heads=32, k_heads=32, head_dim=96, batch=4),
+    # few k heads (multi-query: Falcon 7B's 71 / 1; StarCoder2 3B's 24 / 2)
+    "hd64 71q/1k": dict(heads=71, k_heads=1, head_dim=64),
+    "hd64 64q/1k": dict(heads=64, k_heads=1, head_dim=64),
+    "hd64 48q/2k": dict(heads=48, k_heads=2, head_dim=64),
+    "32q/1k": dict(heads=32, k_heads=1), "24q/2k": dict(heads=24, k_heads=2),
+    # part of the head rotated: rotary_dim not a multiple of 16 (Pythia 2.8B's and StableLM 3B's
+    # 20 of 80, GPT-NeoX 20B's 24 of 96, StableLM 2 12B's 40 of 160), rows padded (Phi-2's 32 of
+    # 80), a quarter of 64 (StableLM 2 1.6B's, Pythia 410M's)
+    "hd80 32q/32k rot20": dict(heads=32, k_heads=32, head_dim=80, rotary_percent=0.25),
+    "hd96 64q/64k rot24 batch 8": dict(heads=64, k_heads=64, head_dim=96, rotary_percent=0.25,
+                                       batch=8),
+    "hd160 32q/8k rot40": dict(heads=32, k_heads=8, head_dim=160, rotary_percent=0.25),
+    "32q/8k rot24": dict(rotary_percent=0.1875),
+    "hd80 32q/32k rot32": dict(heads=32, k_heads=32, head_dim=80, rotary_percent=0.4),
+    "hd64 32q/32k rot16": dict(heads=32, k_heads=32, head_dim=64, rotary_percent=0.25),
+    "hd64 16q/16k rot16": dict(heads=16, k_heads=16, head_dim=64, rotary_percent=0.25),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),
     "hd64 20q/20k": dict(heads=20, k_heads=20, head_dim=64),
+    "32q/8k rot64": dict(rotary_percent=0.5),
+    "hd64 16q/4k rot32": dict(heads=16, k_heads=4, head_dim=64, rotary_percent=0.5),
 }
 MODES = ("hf", "hf backward", "cache out of place", "cache in place")
 

@@ -722,6 +722,126 @@ def test_head_count_tiles(monkeypatch, call, q_heads, k_heads, head_dim, seed):
                                loads_first=case.get("loads_first", False)), (got, case)
 
 
+# Models' shapes with tiles of their own (rope_qk's switches since 683f4f5; figures/
+# qk_model_shapes_h200.json): (switch, table, q_heads, k_heads, head_dim, rotary_dim) -> the GPU
+# config. Hugging Face's calls with part of the head rotated have their results transposed.
+MODEL_SHAPE_CASES = {
+    # few k heads, q over 4 KB: 4 tokens x 1 KB of heads on 2 warps (Falcon 7B's 71 / 1)
+    ("FEW_K_HEAD_TILES", "hf", 71, 1, 64, 64): _blocks(4, 8, 2),
+    ("FEW_K_HEAD_TILES", "cache", 71, 1, 64, 64): _blocks(4, 8, 2),
+    ("FEW_K_HEAD_TILES", "hf", 48, 2, 64, 64): _blocks(4, 8, 2),
+    ("FEW_K_HEAD_TILES", "hf", 24, 2, 128, 128): _blocks(4, 4, 2),
+    ("FEW_K_HEAD_TILES", "cache", 32, 1, 128, 128): _blocks(4, 4, 2),
+    # rotary_dim not a multiple of 16: one token's 2 KB of heads on 2 warps, pass channels as rows
+    ("PASS_AS_ROWS", "hf", 32, 32, 80, 20): _blocks(1, 8, 2),
+    ("PASS_AS_ROWS", "cache", 32, 32, 80, 20): _blocks(1, 8, 2),
+    ("PASS_AS_ROWS", "hf", 16, 16, 96, 24): _blocks(1, 8, 2),
+    ("PASS_AS_ROWS", "cache", 32, 8, 160, 40): _blocks(1, 4, 2),
+    # Hugging Face's partial rotary in rows padded to a power of two (Phi-2's 32 of 80)
+    ("PADDED_TRANSPOSED_PAIRS", "hf", 32, 32, 80, 32): _blocks(4, 4, 4),
+    # the cache, a quarter of 128 B rows rotated (StableLM 2 1.6B's 32 / 32, 16 of 64)
+    ("PARTIAL_128B_CACHE_TILES", "cache", 32, 32, 64, 16): _blocks(1, 16, 2),
+    ("PARTIAL_128B_CACHE_TILES", "cache", 16, 16, 64, 16): _blocks(1, 16, 2),
+}
+# Calls these switches leave alone, (table, q_heads, k_heads, head_dim, rotary_dim): the
+# benchmark's (half of 128 and of 64 rotated among them) and neighbours of the cases.
+MODEL_SHAPES_LEFT = [
+    ("hf", 32, 8, 128, 128), ("cache", 32, 8, 128, 128), ("hf", 32, 8, 128, 64),
+    ("cache", 32, 8, 128, 64), ("hf", 16, 4, 64, 32), ("cache", 16, 4, 64, 32),
+    ("cache", 32, 8, 64, 32), ("hf", 28, 4, 128, 128), ("cache", 28, 4, 128, 128),
+    ("hf", 12, 2, 128, 128), ("hf", 32, 32, 128, 32), ("cache", 32, 32, 80, 32),
+    ("hf", 14, 2, 64, 64), ("cache", 40, 8, 64, 64)]
+MODEL_SWITCHES = ("FEW_K_HEAD_TILES", "PASS_AS_ROWS", "PADDED_TRANSPOSED_PAIRS",
+                  "PARTIAL_128B_CACHE_TILES")
+
+
+def _model_shape_config(table, q_heads, k_heads, head_dim, rotary_dim, esize=2, on_gpu=True,
+                        interleaved=False, in_place=False):
+    """default_config as ``_plan`` calls it for the case's call (Hugging Face's partial rotary
+    transposed; in place with part of the head rotated, the heads narrowed)."""
+    angles = rope_qk.ANGLES["cos_sin" if table == "hf" else "cache"]
+    narrowed = in_place and rotary_dim < head_dim
+    transposed = table == "hf" and rotary_dim < head_dim and not in_place
+    if narrowed:
+        head_dim = rotary_dim
+    return rope_qk.default_config(4096, q_heads, k_heads, head_dim, esize, on_gpu, interleaved,
+                                  angles, rotary_dim, in_place, transposed, False, narrowed)
+
+
+def test_default_config_of_model_shapes(monkeypatch):
+    """MODEL_SHAPE_CASES take their tiles on a GPU, out of place, with every switch on, and
+    another with their own switch off (but one, whose tile the cache's rules chose already); in float32, with interleaved pairs or on the interpreter
+    the switches change nothing; MODEL_SHAPES_LEFT get the same config either way, in place too
+    (in place with part of the head rotated, the narrowed heads' rules decide)."""
+    for (switch, *shape), want in MODEL_SHAPE_CASES.items():
+        assert _model_shape_config(*shape) == want, (switch, shape)
+        monkeypatch.setattr(rope_qk, switch, False)
+        # (the cache's rules gave Pythia 2.8B's call this tile already: there the switch moves
+        # the channels past rotary_dim as rows, test_model_shape_tiles)
+        if (switch, *shape) != ("PASS_AS_ROWS", "cache", 32, 32, 80, 20):
+            assert _model_shape_config(*shape) != want, (switch, shape)
+        partial = [dict(in_place=True)] if shape[-1] < shape[-2] else []
+        for other in [dict(esize=4), dict(on_gpu=False), dict(interleaved=True)] + partial:
+            got_off = _model_shape_config(*shape, **other)
+            monkeypatch.setattr(rope_qk, switch, True)
+            assert _model_shape_config(*shape, **other) == got_off, (switch, shape, other)
+            monkeypatch.setattr(rope_qk, switch, False)
+        monkeypatch.setattr(rope_qk, switch, True)
+    for shape in MODEL_SHAPES_LEFT:
+        for in_place in (False, True):
+            on = _model_shape_config(*shape, in_place=in_place)
+            for switch in MODEL_SWITCHES:
+                monkeypatch.setattr(rope_qk, switch, False)
+            assert _model_shape_config(*shape, in_place=in_place) == on, (shape, in_place)
+            for switch in MODEL_SWITCHES:
+                monkeypatch.setattr(rope_qk, switch, True)
+
+
+@pytest.mark.parametrize("case", list(MODEL_SHAPE_CASES), ids=lambda c: "-".join(map(str, c)))
+def test_model_shape_tiles(monkeypatch, case, seed):
+    """The calls of MODEL_SHAPE_CASES in bf16 (5 tokens): out of place into NaN-poisoned outputs
+    and in place, against float64, the same bits with the case's switch off. With PASS_AS_ROWS
+    the out-of-place plan moves whole rows of the channels past rotary_dim (``PASS_ROWS``, PASS
+    the row's power of two), in the interpreter too; on a GPU the plan is the case's tile."""
+    switch, table, q_heads, k_heads, head_dim, rotary_dim = case
+    call = "hf half" if table == "hf" else "cache half-split"
+    q, k, want, rows, run = _q_k_call(call, 5, q_heads, k_heads, head_dim, rotary_dim, seed,
+                                      dtype=torch.bfloat16)
+    results, plans = _switch_both_ways(monkeypatch, switch, run, q, k, want, rows,
+                                       dtype=torch.bfloat16)
+    out_of_place = plans[True][0]
+    c = out_of_place.constexprs
+    if switch == "PASS_AS_ROWS":
+        assert c["PASS_ROWS"] and c["PASS"] == 1 << (head_dim - 1).bit_length()
+        assert not plans[False][0].constexprs["PASS_ROWS"]
+    else:
+        assert not c["PASS_ROWS"]
+    if DEVICE == "cuda":
+        want_tile = MODEL_SHAPE_CASES[case]
+        got = dict(block_s=c["BLOCK_S"], block_h=c["BLOCK_H"], num_warps=out_of_place.num_warps,
+                   all_heads=bool(c["ALL_HEADS"]))
+        assert got == dict(want_tile, block_s=min(want_tile["block_s"], 4)), (got, want_tile)
+
+
+def test_pass_rows_only_where_rotary_dim_is_unaligned(monkeypatch):
+    """``_pass_rows``: 16-bit half-split calls of the cache and Hugging Face's tables with part of
+    the head rotated and rotary_dim not a multiple of 16; not with the whole head rotated, a
+    multiple of 16, float32, interleaved pairs (split or as words), TE's angle tables, or the
+    switch off."""
+    cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
+    for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (128, 24), (20, 12), (64, 8)):
+        for angles in (cache, hf_tables):
+            assert rope_qk._pass_rows(head_dim, rotary_dim, 2, False, False, angles)
+            for other in ((4, False, False, angles), (2, True, False, angles),
+                          (2, True, True, angles), (2, False, False, rope_qk.ANGLES["freqs"])):
+                assert not rope_qk._pass_rows(head_dim, rotary_dim, *other), other
+            monkeypatch.setattr(rope_qk, "PASS_AS_ROWS", False)
+            assert not rope_qk._pass_rows(head_dim, rotary_dim, 2, False, False, angles)
+            monkeypatch.setattr(rope_qk, "PASS_AS_ROWS", True)
+    for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (64, 64), (80, 80)):
+        assert not rope_qk._pass_rows(head_dim, rotary_dim, 2, False, False, cache)
+
+
 def test_default_config_whole_rows(monkeypatch):
     """With ``WHOLE_ROWS`` on (off by default: an H200 measured them slower), 16-bit half-split
     rows of 256 B or more take whole rows, for every table and in place too: on a GPU 8 heads
