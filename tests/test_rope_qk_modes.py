@@ -562,6 +562,7 @@ def test_default_config_of_words_in_128_byte_rows(monkeypatch):
     # rules below HEAD_COUNT_TILES: pairs read as words do not take its tiles.)
     monkeypatch.setattr(rope_qk, "WORDS_128B_HF_TILES", False)
     monkeypatch.setattr(rope_qk, "HEAD_COUNT_TILES", False)
+    monkeypatch.setattr(rope_qk, "FEW_K_HEAD_TILES", False)  # (nor those of FEW_K_HEAD_TILES)
     for angles, rotary_dim, transposed, q_heads, k_heads in rule:
         half_split = rope_qk.default_config(4096, q_heads, k_heads, 64, 2, True, False, angles,
                                             rotary_dim, False, transposed)
@@ -931,17 +932,28 @@ def test_default_config_transposed(monkeypatch):
     """Outputs whose tokens and heads are in the other memory order than the inputs' (Hugging
     Face's partial rotary on transposed views): on a GPU, half-split rows of 64 or 128 channels
     with at least 4 heads in q and in k take whole rows in tiles of 4 tokens x 4 heads on 2 warps,
-    in every dtype; fewer k heads, head_dim 256, interleaved pairs, the interpreter and outputs in
-    the inputs' order keep the other rules."""
+    in every dtype, but where 16-bit rows are padded (head_dim 80 in 128 channels: the pairs'
+    tiles, on 4 warps, or where rotary_dim is not a multiple of 16 those of ``_pass_rows``);
+    fewer k heads, head_dim 256, interleaved pairs, the interpreter and outputs in the inputs'
+    order keep the other rules."""
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
     hf_tables = rope_qk.ANGLES["cos_sin"]
-    want = dict(block_s=4, block_h=4, num_warps=2, all_heads=False, whole_rows=True)
+    rows = dict(block_s=4, block_h=4, num_warps=2, all_heads=False, whole_rows=True)
     for esize in (2, 4):
         for q_heads, k_heads, head_dim in ((32, 8, 128), (16, 4, 128), (64, 8, 64), (8, 8, 80)):
             args = (4096, q_heads, k_heads, head_dim, esize, True, False, hf_tables,
                     head_dim // 2, False)
+            want = rows
+            if esize == 2 and head_dim == 80:  # 40 of 80 rotated: pass channels as rows
+                want = _blocks(1, 8, 2)
+                padded = rope_qk.default_config(*args[:8], 32, False, True)
+                assert padded == _blocks(4, 4, 4), padded  # 32 of 80
+                monkeypatch.setattr(rope_qk, "PADDED_TRANSPOSED_PAIRS", False)
+                assert rope_qk.default_config(*args[:8], 32, False, True) == rows
+                monkeypatch.setattr(rope_qk, "PADDED_TRANSPOSED_PAIRS", True)
             assert rope_qk.default_config(*args, True) == want, args
-            assert rope_qk.default_config(*args, False) != want, args
+            if want is rows:  # (pass channels as rows: the same tile whatever the order)
+                assert rope_qk.default_config(*args, False) != want, args
             assert rope_qk.default_config(*args[:5], False, *args[6:], True) != want, args
             assert rope_qk.default_config(*args[:6], True, *args[7:], True) != want, args
         for q_heads, k_heads, head_dim in ((16, 2, 128), (8, 1, 128), (16, 4, 256), (16, 4, 32)):
@@ -950,9 +962,9 @@ def test_default_config_transposed(monkeypatch):
             assert not got.get("whole_rows"), (q_heads, k_heads, head_dim, got)
     # Fewer tokens than a tile: the tile's tokens shrink to their next power of two.
     assert rope_qk.default_config(3, 32, 8, 128, 2, True, False, hf_tables, 64, False,
-                                  True) == want
+                                  True) == rows
     assert rope_qk.default_config(2, 32, 8, 128, 2, True, False, hf_tables, 64, False,
-                                  True) == dict(want, block_s=2)
+                                  True) == dict(rows, block_s=2)
 
 
 def test_default_config_fused_qkv():
