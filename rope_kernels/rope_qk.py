@@ -887,7 +887,10 @@ def _pass_rows(head_dim: int, rotary_dim: Optional[int], element_size: int, inte
     the pairs, one element an instruction. Measured in bf16 on an H200 (probe, 3 shuffled rounds,
     1 token x 8 heads on 2 warps, fraction of copy, pass channels as before -> as rows): Pythia
     2.8B's 20 of 80 channels 0.43 -> 0.70, GPT-NeoX 20B's 24 of 96 0.44 -> 0.77, 24 of 128 0.54
-    -> 0.84; the rotated pairs still move one element an instruction."""
+    -> 0.84. Recorded with the tile of ``default_config`` against 683f4f5
+    (figures/qk_model_shapes_h200.json, 5 rounds): Hugging Face's call at 20 of 80 0.360 ->
+    0.718, the cache 0.428 -> 0.720 on the same tile; 24 of 96 0.434 -> 0.773 and 0.333 -> 0.762;
+    40 of 160 0.526 -> 0.739. The rotated pairs still move one element an instruction."""
     return (PASS_AS_ROWS and rotary_dim is not None and rotary_dim < head_dim
             and rotary_dim % 16 != 0 and element_size == 2 and not interleaved and not words
             and angles in (ANGLES["cache"], ANGLES["cos_sin"]))
@@ -1130,6 +1133,22 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     small grouped q of 64) 0.986-1.246 times that of the tiles before (median 1.061). The
     benchmark's head counts keep these rules.
 
+    Models' shapes (a probe of 24, H200; against the tiles of 683f4f5,
+    figures/qk_model_shapes_h200.json: 31 calls 0.997-2.288 times the speed, median 1.405; 16-bit):
+
+    - ``FEW_K_HEAD_TILES``: few k heads with q over 4 KB (multi-query attention), the whole head
+      rotated, out of place: the last rule's head block, sized to k, would be 512 B or less;
+      4 tokens x 1 KB of heads on 2 warps (Falcon 7B's 71 q / 1 k through Hugging Face's call
+      0.495 -> 0.977, 48q/2k 0.715 -> 0.979, 32q/1k of 128 0.829 -> 0.970; the cache +0.5 to
+      +2.2 points).
+    - ``_pass_rows`` calls (rotary_dim not a multiple of 16): one token's 2 KB of heads on 2 warps.
+    - ``PADDED_TRANSPOSED_PAIRS``: Hugging Face's partial rotary with transposed results in rows
+      padded to a power of two: the pairs' 4 x 4 tile on 4 warps, not whole rows (Phi-2's 32 of
+      80 channels 0.852 -> 0.957 forward, 0.858 -> 0.951 backward).
+    - ``PARTIAL_128B_CACHE_TILES``: the cache out of place, 128 B rows, under half rotated: one
+      token's 16 heads on 2 warps, not the all-heads program (StableLM 2 1.6B's 16 of 64, 32 / 32
+      heads, 0.888 -> 0.978).
+
     GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
     Llama's (2): see ``_tile_angles``."""
     width = _next_pow2(head_dim)
@@ -1197,8 +1216,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                             num_warps=num_warps, all_heads=False)
         interleaved = False
     if on_gpu and _pass_rows(head_dim, rotary_dim, element_size, interleaved, words, angles):
-        # One token's 2 KB of heads on 2 warps (see _pass_rows; in the probe the best or within
-        # 1.6 points of the best of 12 tiles of 1-8 tokens x 2-32 heads on 2-4 warps).
+        # One token's 2 KB of heads on 2 warps (see _pass_rows; in a probe the best or within
+        # 2.5 points of the best of up to 12 tiles of 1-8 tokens x 2-32 heads on 2-4 warps).
         return dict(block_s=1, block_h=max(1, min(_next_pow2(q_heads), 2048 // row)),
                     num_warps=2, all_heads=False)
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:

@@ -109,6 +109,15 @@ SHAPES = {
 MODES = ("hf", "hf backward", "cache out of place", "cache in place")
 
 
+def _plan_label(module, fn) -> str:
+    """``plan_of``'s label of ``fn``'s plan, with ``, PASS_ROWS True`` where the plan moves the
+    channels past rotary_dim as whole rows (a file that predates the constexpr has none): the
+    same tile may run other code."""
+    label = plan_of(module, fn)
+    (plan,) = module._PLANS.values()
+    return label + (", PASS_ROWS True" if plan.constexprs.get("PASS_ROWS") else "")
+
+
 def _in_place_result(module, p: QKProblem):
     """``module``'s in-place cache call on copies of the problem's q and k."""
     q, k = p.tokens(p.q).clone(), p.tokens(p.k).clone()
@@ -148,7 +157,7 @@ def main(argv=None):
         p = QKProblem(**kw)
         for mode in MODES:
             sides = {"rule": calls(rope_qk, p, mode), "before": calls(before, p, mode)}
-            tiles = {side: plan_of(module, sides[side])
+            tiles = {side: _plan_label(module, sides[side])
                      for side, module in (("rule", rope_qk), ("before", before))}
             if mode == "cache in place":
                 out_of_place = {m: calls(m, p, "cache out of place")() for m in (rope_qk, before)}

@@ -243,10 +243,12 @@ def test_triton_versions_recording_is_quoted_as_recorded():
 
 @pytest.mark.parametrize("name,marker", [
     ("qk_head_counts_h200.json", "Recorded against the rules before"),
-    ("qk_head_counts_more_h200.json", "Recorded against the tiles of 06fe1c9")])
+    ("qk_head_counts_more_h200.json", "Recorded against the tiles of 06fe1c9"),
+    ("qk_model_shapes_h200.json", "Recorded against the tiles of 683f4f5")])
 def test_head_counts_recording_is_quoted_as_recorded(name, marker):
-    """figures/qk_head_counts_h200.json and qk_head_counts_more_h200.json
-    (scripts/qk_head_counts.py; the second against the tiles of 06fe1c9): both sides gave the same
+    """figures/qk_head_counts_h200.json, qk_head_counts_more_h200.json and
+    qk_model_shapes_h200.json (scripts/qk_head_counts.py; the second against the tiles of 06fe1c9,
+    the third, models' shapes, against those of 683f4f5): both sides gave the same
     bits at every call; the benchmark's head counts kept their plans in all four calls; and
     docs/performance_notes.md names the file, quotes the range and median of the changed calls'
     ratios and the range of the others', and has every changed call's fractions (before -> after)
