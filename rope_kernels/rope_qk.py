@@ -1137,7 +1137,7 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     figures/qk_model_shapes_h200.json: 31 calls 0.997-2.288 times the speed, median 1.405; 16-bit):
 
     - ``FEW_K_HEAD_TILES``: few k heads with q over 4 KB (multi-query attention), the whole head
-      rotated, out of place: the last rule's head block, sized to k, would be 512 B or less;
+      rotated, but the cache in place: the last rule's head block, sized to k, would be 512 B or less;
       4 tokens x 1 KB of heads on 2 warps (Falcon 7B's 71 q / 1 k through Hugging Face's call
       0.495 -> 0.977, 48q/2k 0.715 -> 0.979, 32q/1k of 128 0.829 -> 0.970; the cache +0.5 to
       +2.2 points).
@@ -1223,14 +1223,17 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
     if (FEW_K_HEAD_TILES and on_gpu and element_size == 2 and not interleaved and not words
-            and not in_place and not transposed and rotary_dim in (None, head_dim)
+            and not (in_place and angles == ANGLES["cache"]) and not transposed
+            and rotary_dim in (None, head_dim)
             and angles in (ANGLES["cache"], ANGLES["cos_sin"]) and row in (128, 256)
             and q_heads * row > 4096
             and _head_block(q_heads, k_heads, max(1, TILE_BYTES // row)) * row <= 512):
         # Few k heads (multi-query attention, Falcon 7B's 71 q / 1 k): the generic tile's head
         # block, sized to k, would be 1-2 heads, 8 tokens of 128-512 B runs on 4 warps. 4 tokens
-        # x 1 KB of heads on 2 warps instead (FEW_K_HEAD_TILES). Not in place: there the
-        # cache's tiles below were as fast or faster (71 q / 1 k of 64: 2.2% ahead).
+        # x 1 KB of heads on 2 warps instead (FEW_K_HEAD_TILES). Not the cache in place: there
+        # its tiles below were as fast or faster (71 q / 1 k of 64: 2.2% ahead). Hugging Face's
+        # in-place functions take it (not timed in place; the generic tile ran at 0.49 of copy
+        # out of place).
         return dict(block_s=min(4, _next_pow2(max(1, seq_len))), block_h=1024 // row,
                     num_warps=2, all_heads=False)
     if (HEAD_COUNT_TILES and on_gpu and element_size == 2 and not interleaved and not words
