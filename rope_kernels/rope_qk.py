@@ -852,7 +852,7 @@ HEAD_COUNT_TILES = True
 # 2.8B's and StableLM 3B's 20 of 80): the channels past rotary_dim moved as whole rows, in 16-byte
 # vectors, the rotated channels written again over them (``PASS_ROWS`` in the kernel).
 PASS_AS_ROWS = True
-# Tiles of models' shapes the rules below fit badly, from a probe of 13 models' head counts (H200,
+# Tiles of models' shapes the rules below fit badly, from probes of 24 models' shapes (H200,
 # 3 shuffled rounds; see default_config): few k heads with q over 4 KB (FEW_K_HEAD_TILES), rows
 # padded to a power of two in Hugging Face's partial rotary (PADDED_TRANSPOSED_PAIRS), and the
 # cos/sin cache with part of 128 B rows rotated (PARTIAL_128B_CACHE_TILES).
@@ -1137,8 +1137,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     figures/qk_model_shapes_h200.json: 31 calls 0.997-2.288 times the speed, median 1.405; 16-bit):
 
     - ``FEW_K_HEAD_TILES``: few k heads with q over 4 KB (multi-query attention), the whole head
-      rotated, but the cache in place: the last rule's head block, sized to k, would be 512 B or less;
-      4 tokens x 1 KB of heads on 2 warps (Falcon 7B's 71 q / 1 k through Hugging Face's call
+      rotated, but the cache in place: the last rule's head block, sized to k, would be 512 B or
+      less; 4 tokens x 1 KB of heads on 2 warps (Falcon 7B's 71 q / 1 k through Hugging Face's call
       0.495 -> 0.977, 48q/2k 0.715 -> 0.979, 32q/1k of 128 0.829 -> 0.970; the cache +0.5 to
       +2.2 points).
     - ``_pass_rows`` calls (rotary_dim not a multiple of 16): one token's 2 KB of heads on 2 warps.

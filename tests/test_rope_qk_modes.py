@@ -772,9 +772,10 @@ def _model_shape_config(table, q_heads, k_heads, head_dim, rotary_dim, esize=2, 
 def test_default_config_of_model_shapes(monkeypatch):
     """MODEL_SHAPE_CASES take their tiles on a GPU, out of place, with every switch on, and
     another with their own switch off (but one, whose tile the cache's rules chose already), and
-    in place Hugging Face's few-k-head calls too (the cache's keep their in-place tiles); in float32, with interleaved pairs or on the interpreter
-    the switches change nothing; MODEL_SHAPES_LEFT get the same config either way, in place too
-    (in place with part of the head rotated, the narrowed heads' rules decide)."""
+    in place Hugging Face's few-k-head calls too (the cache's keep their in-place tiles); in
+    float32, with interleaved pairs or on the interpreter the switches change nothing;
+    MODEL_SHAPES_LEFT get the same config either way, in place too (in place with part of the
+    head rotated, the narrowed heads' rules decide)."""
     for (switch, *shape), want in MODEL_SHAPE_CASES.items():
         assert _model_shape_config(*shape) == want, (switch, shape)
         monkeypatch.setattr(rope_qk, switch, False)
