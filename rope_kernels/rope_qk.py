@@ -1245,13 +1245,13 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
             return tile
     if (on_gpu and transposed and not interleaved and 64 <= width <= 128
             and min(q_heads, k_heads) >= TRANSPOSED_TILE[1]):
+        tile = dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),
+                    block_h=TRANSPOSED_TILE[1], all_heads=False)
         if head_dim != width and PADDED_TRANSPOSED_PAIRS and element_size == 2:
             # 16-bit rows padded to a power of two (Phi-2's 80 channels in 128): the pairs'
             # tiles, on 4 warps (PADDED_TRANSPOSED_PAIRS).
-            return dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),
-                        block_h=TRANSPOSED_TILE[1], num_warps=4, all_heads=False)
-        return dict(block_s=min(_next_pow2(max(1, seq_len)), TRANSPOSED_TILE[0]),
-                    block_h=TRANSPOSED_TILE[1], num_warps=2, all_heads=False, whole_rows=True)
+            return dict(tile, num_warps=4)
+        return dict(tile, num_warps=2, whole_rows=True)
     # One token's 2 KB head block per program, 2 warps: where rows are 256 B or more and k fills
     # a block (the cos/sin cache and Hugging Face's tables, as measured above).
     two_kb_blocks = row >= 256 and k_heads * row >= 2048

@@ -281,9 +281,15 @@ def cache_call(qk, dtype=torch.bfloat16):
     return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, d, cache))
 
 
+def global_accesses(sass: str, op: str = "LDG") -> list:
+    """The global loads (``op`` "LDG") or stores ("STG") of disassembled SASS, in program
+    order, with their width (``LDG.E.128``, ``STG.E.U16``, ...)."""
+    return re.findall(rf"\b{op}\.E[.\w]*", sass)
+
+
 def sass_loads(compiled) -> list:
     """The global loads of a compiled kernel's SASS (``cuobjdump -sass``), in program order."""
-    return re.findall(r"\bLDG\.E[.\w]*", cuobjdump(compiled, "-sass"))
+    return global_accesses(cuobjdump(compiled, "-sass"))
 
 
 @read_on_checked
@@ -337,18 +343,12 @@ def test_pass_rows_move_in_16_byte_vectors(compiled_modules, call, pass_as_rows,
     launch = plan, _ = pass_rows_launch(qk, call == "hf")
     assert plan.constexprs["PASS_ROWS"] == pass_as_rows
     sass = cuobjdump(compile_qk(qk, launch), "-sass")
-    stores = re.findall(r"\bSTG\.E[.\w]*", sass)
-    loads = sass_loads_of(sass)
+    stores, loads = global_accesses(sass, "STG"), global_accesses(sass)
     if pass_as_rows:
         assert "STG.E.128" in stores and "LDG.E.128" in loads, (stores, loads)
         assert stores.count("STG.E.U16") * 3 <= stores.count("STG.E.128") * 8, stores
     else:
         assert set(stores) == {"STG.E.U16"} and "LDG.E.128" not in loads, (stores, loads)
-
-
-def sass_loads_of(sass: str) -> list:
-    """``sass_loads`` of SASS text already disassembled."""
-    return re.findall(r"\bLDG\.E[.\w]*", sass)
 
 
 # Other GPUs. The kernels run compiled on H100 and H200 only (sm_90); this checks that each
