@@ -333,19 +333,11 @@ def _store_pairs(ptr, offsets, y1, y2, mask):
 
 @triton.jit
 def _pass_channels(ptr, row_mask, rotary_dim, head_dim, INTERLEAVED: tl.constexpr,
-                   INT64: tl.constexpr, PASS: tl.constexpr, PASS_ROWS: tl.constexpr):
+                   INT64: tl.constexpr, PASS: tl.constexpr):
     """The channels past rotary_dim of a tile's rows [BLOCK_S, BLOCK_H, 1] (``row_mask``),
     copied through: (base pointer, channel index [PASS], mask). With INTERLEAVED 2 they move as
-    words, like the pairs: the base reinterpreted as words, the index and its bound halved.
-    With PASS_ROWS, whole rows (channels 0..head_dim-1; PASS a power of two >= head_dim): where
-    rotary_dim is not a multiple of 16, the channels past it start at an address the compiler
-    cannot prove aligned, and move one element an instruction; the whole row moves in 16-byte
-    vectors, and the rotated channels are written again over it (``_store_tile``)."""
-    if PASS_ROWS:
-        p = tl.arange(0, PASS)
-        p_mask = row_mask & (p < head_dim)[None, None, :]
-        base = ptr
-    elif INTERLEAVED == 2:
+    words, like the pairs: the base reinterpreted as words, the index and its bound halved."""
+    if INTERLEAVED == 2:
         p = rotary_dim // 2 + tl.arange(0, PASS)
         p_mask = row_mask & (p < head_dim // 2)[None, None, :]
         base = _as_words(ptr)
@@ -363,7 +355,7 @@ def _load_tile(
     x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     x_s, x_b, x_g, x_u, x_d,
     INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr, PASS_ROWS: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, GATHER: tl.constexpr,
 ):
     """Issue the loads of a tile of BLOCK_S tokens x BLOCK_H heads of one part: the pairs' two
     channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice, or with INTERLEAVED 2
@@ -375,9 +367,17 @@ def _load_tile(
                                      x_u, INT64, BLOCK_H)
         c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
         x1 = tl.load(x_ptr + x_row + c[None, :] * x_d, mask=row_mask & (c < head_dim)[None, :])
-        x2 = tl.load(x_ptr + x_row + partner[None, :] * x_d, mask=row_mask & rotated[None, :],
-                     other=0.0)
+        if GATHER:
+            x2 = x1  # the partners are gathered from x1 in _store_tile
+        else:
+            x2 = tl.load(x_ptr + x_row + partner[None, :] * x_d, mask=row_mask & rotated[None, :],
+                         other=0.0)
         xp = x1
+        if GATHER and PASS > 0:  # the channels after the rotary block, from channel ROW
+            p = ROW + tl.arange(0, PASS)
+            if INT64:
+                p = p.to(tl.int64)
+            xp = tl.load(x_ptr + x_row + p[None, :] * x_d, mask=row_mask & (p < head_dim)[None, :])
     else:
         x_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g,
                                      x_u, INT64, BLOCK_H)
@@ -399,7 +399,7 @@ def _load_tile(
         xp = x1
         if PASS > 0:
             base, p, p_mask = _pass_channels(x_ptr, row_mask, rotary_dim, head_dim, INTERLEAVED,
-                                             INT64, PASS, PASS_ROWS)
+                                             INT64, PASS)
             xp = tl.load(base + x_row + p[None, None, :] * x_d, mask=p_mask)
     return x1, x2, xp
 
@@ -410,7 +410,7 @@ def _store_tile(
     s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     o_s, o_b, o_g, o_u, o_d,
     INTERLEAVED: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr, PASS_ROWS: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, GATHER: tl.constexpr,
 ):
     """Rotate a tile loaded by ``_load_tile`` by its tokens' cos/sin [BLOCK_S, HALF] and store it
     (the channels past rotary_dim copied). With ``ROW``: whole rows, one store."""
@@ -420,22 +420,28 @@ def _store_tile(
         c = tl.arange(0, ROW)
         if INT64:
             c = c.to(tl.int64)
+        if GATHER:
+            # The partners from the row in registers: with rotary_dim not a multiple of 16 a load
+            # at their addresses (c +- rotary_dim/2) moves one element an instruction. Gathered
+            # here, not where x1 is loaded: the gather waits for x1, and a program whose angle
+            # rows wait on positions issues those loads first (X_FIRST's barrier).
+            _, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
+            x2 = tl.gather(x1, tl.broadcast_to(partner[None, :], x1.shape), axis=1)
+            x2 = tl.where(rotated[None, :], x2, 0.0)  # (sin is 0 there; x may be inf)
         # One formula for every plan (see the pairs' below): x * cos fused, the partner's term
         # rounded first. The same bits as the pairs' tile, whichever program shape runs.
         y = tl.fma(x1.to(tl.float32), _per_row(cos1, BLOCK_H),
                    x2.to(tl.float32) * _per_row(sin1, BLOCK_H))
         tl.store(out_ptr + o_row + c[None, :] * o_d, y.to(out_ptr.dtype.element_ty),
                  mask=row_mask & (c < head_dim)[None, :])
+        if GATHER and PASS > 0:
+            p = ROW + tl.arange(0, PASS)
+            if INT64:
+                p = p.to(tl.int64)
+            tl.store(out_ptr + o_row + p[None, :] * o_d, xp, mask=row_mask & (p < head_dim)[None, :])
     else:
         o_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, o_s, o_b, o_g,
                                      o_u, INT64, BLOCK_H)
-        if PASS_ROWS:
-            # The whole rows first, then (after the barrier, which orders the block's stores to
-            # the same addresses) the rotated channels over them.
-            base, p, p_mask = _pass_channels(out_ptr, row_mask, rotary_dim, head_dim,
-                                             INTERLEAVED, INT64, PASS, PASS_ROWS)
-            tl.store(base + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
-            tl.debug_barrier()
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         mask = row_mask & j_mask[None, None, :]
         if INTERLEAVED == 1:
@@ -461,9 +467,9 @@ def _store_tile(
                      mask=mask)
             tl.store(out_ptr + o_row + c2[None, None, :] * o_d, y2.to(out_ptr.dtype.element_ty),
                      mask=mask)
-        if PASS > 0 and not PASS_ROWS:
+        if PASS > 0:
             base, p, p_mask = _pass_channels(out_ptr, row_mask, rotary_dim, head_dim, INTERLEAVED,
-                                             INT64, PASS, PASS_ROWS)
+                                             INT64, PASS)
             tl.store(base + o_row + p[None, None, :] * o_d, xp, mask=p_mask)
 
 
@@ -475,21 +481,21 @@ def _rotate_tile(
     ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr, INT64: tl.constexpr, ANGLES_HERE: tl.constexpr,
     BLOCK_H: tl.constexpr, HALF: tl.constexpr, PASS: tl.constexpr, ROW: tl.constexpr,
-    PASS_ROWS: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """Rotate a tile of BLOCK_S tokens x BLOCK_H heads of one part by the tokens' cos/sin: given
     (``_angles``, computed once for several tiles), or with ``ANGLES_HERE`` computed here, after
     x's loads are issued so that the angle loads and the trig overlap their latency."""
     x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
                             head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
-                            PASS, ROW, PASS_ROWS)
+                            PASS, ROW, GATHER)
     if ANGLES_HERE:
         cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                          t_stride_d, ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG,
                                          INT64, HALF, ROW)
     _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
                 n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
-                HALF, PASS, ROW, PASS_ROWS)
+                HALF, PASS, ROW, GATHER)
 
 
 @triton.jit
@@ -531,7 +537,7 @@ def _rotate_tile_x_first(
     ANGLES: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
     USE_CP: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr, PASS_ROWS: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, GATHER: tl.constexpr,
 ):
     """``_rotate_tile`` for a program of one head block whose table rows come from positions
     (``X_FIRST``): the tile's loads are issued first, then those of the positions and of the
@@ -542,7 +548,7 @@ def _rotate_tile_x_first(
     the tile and of the positions in the SASS; it waits on no load)."""
     x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
                             head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
-                            PASS, ROW, PASS_ROWS)
+                            PASS, ROW, GATHER)
     tl.debug_barrier()
     t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
                         t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
@@ -551,7 +557,7 @@ def _rotate_tile_x_first(
                                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, HALF, ROW)
     _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
                 n_sub, rotary_dim, head_dim, o_s, o_b, o_g, o_u, o_d, INTERLEAVED, INT64, BLOCK_H,
-                HALF, PASS, ROW, PASS_ROWS)
+                HALF, PASS, ROW, GATHER)
 
 
 @triton.jit
@@ -616,7 +622,10 @@ def rope_qk_kernel(
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0
     V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
     ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
-    PASS_ROWS: tl.constexpr,  # the channels past rotary_dim moved with whole rows (PASS wide)
+
+    # With ROW: the partners of the rotated channels taken from the row in registers (tl.gather);
+    # ROW is then the rotary block, a power of two >= rotary_dim, and PASS the channels after it.
+    GATHER: tl.constexpr,
 ):
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
@@ -682,10 +691,10 @@ def rope_qk_kernel(
         # before any store (the program keeps all of its bytes in flight), then the angles.
         q1, q2, qp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
                                 head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64, BLOCK_H,
-                                HALF, PASS, ROW, PASS_ROWS)
+                                HALF, PASS, ROW, GATHER)
         k1, k2, kp = _load_tile(k_ptr, s_idx, s_mask, pid_b, 0, k_heads, k_sub, rotary_dim,
                                 head_dim, k_s, k_b, k_g, k_u, k_d, INTERLEAVED, INT64, BLOCK_HK,
-                                HALF, PASS, ROW, PASS_ROWS)
+                                HALF, PASS, ROW, GATHER)
         if X_FIRST:
             tl.debug_barrier()  # q's and k's loads before the positions' (_rotate_tile_x_first)
             t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
@@ -696,21 +705,21 @@ def rope_qk_kernel(
                                          INT64, HALF, ROW)
         _store_tile(q_out_ptr, q1, q2, qp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                     q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
-                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
+                    INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW, GATHER)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
                                              FAST_TRIG, INT64, HALF, ROW)
         _store_tile(k_out_ptr, k1, k2, kp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                     k_heads, k_sub, rotary_dim, head_dim, ko_s, ko_b, ko_g, ko_u, ko_d,
-                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW, PASS_ROWS)
+                    INTERLEAVED, INT64, BLOCK_HK, HALF, PASS, ROW, GATHER)
     elif ALL_HEADS:
         # The cos/sin of these tokens once, for every head block of q, k (and v's copy). With
         # X_FIRST they are loaded after the first block of q has its loads issued.
         if X_FIRST:
             x1, x2, xp = _load_tile(q_ptr, s_idx, s_mask, pid_b, 0, q_heads, q_sub, rotary_dim,
                                     head_dim, q_s, q_b, q_g, q_u, q_d, INTERLEAVED, INT64,
-                                    BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
+                                    BLOCK_H, HALF, PASS, ROW, GATHER)
             tl.debug_barrier()
             t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b,
                                 seq_len, t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size,
@@ -721,13 +730,13 @@ def rope_qk_kernel(
         if X_FIRST:
             _store_tile(q_out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, 0,
                         q_heads, q_sub, rotary_dim, head_dim, qo_s, qo_b, qo_g, qo_u, qo_d,
-                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
+                        INTERLEAVED, INT64, BLOCK_H, HALF, PASS, ROW, GATHER)
         for hb in tl.static_range(1 if X_FIRST else 0, Q_LOOP):
             _rotate_tile(q_ptr, q_out_ptr, cos1, sin1, cos2, sin2, q_table_ptr, sin_ptr, t_row,
                          s_idx, s_mask, pid_b, hb, q_heads, q_sub, rotary_dim, head_dim,
                          q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
                          ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_H, HALF,
-                         PASS, ROW, PASS_ROWS)
+                         PASS, ROW, GATHER)
         if not SAME_TABLE:
             cos1, sin1, cos2, sin2 = _angles(k_table_ptr, sin_ptr, t_row, s_mask, rotary_dim,
                                              t_stride_d, ANGLES, INTERLEAVED, BACKWARD,
@@ -737,7 +746,7 @@ def rope_qk_kernel(
                          s_idx, s_mask, pid_b, hb, k_heads, k_sub, rotary_dim, head_dim,
                          k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
                          ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, False, BLOCK_HK, HALF,
-                         PASS, ROW, PASS_ROWS)
+                         PASS, ROW, GATHER)
         if HAS_V:
             for hb in tl.static_range(V_LOOP):
                 _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, hb, v_heads, v_dim,
@@ -751,7 +760,7 @@ def rope_qk_kernel(
                 q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
                 t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
                 ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
-                BLOCK_H, HALF, PASS, ROW, PASS_ROWS)
+                BLOCK_H, HALF, PASS, ROW, GATHER)
         elif pid_h < q_blocks + k_blocks:
             _rotate_tile_x_first(
                 k_ptr, k_out_ptr, k_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
@@ -759,7 +768,7 @@ def rope_qk_kernel(
                 seq_len, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
                 t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
                 ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
-                BLOCK_HK, HALF, PASS, ROW, PASS_ROWS)
+                BLOCK_HK, HALF, PASS, ROW, GATHER)
         elif HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
                        v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
@@ -769,13 +778,13 @@ def rope_qk_kernel(
                      s_idx, s_mask, pid_b, pid_h, q_heads, q_sub, rotary_dim, head_dim,
                      q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d, t_stride_d,
                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_H, HALF, PASS,
-                     ROW, PASS_ROWS)
+                     ROW, GATHER)
     elif pid_h < q_blocks + k_blocks:
         _rotate_tile(k_ptr, k_out_ptr, 0.0, 0.0, 0.0, 0.0, k_table_ptr, sin_ptr, t_row,
                      s_idx, s_mask, pid_b, pid_h - q_blocks, k_heads, k_sub, rotary_dim,
                      head_dim, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d, t_stride_d,
                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, True, BLOCK_HK, HALF, PASS,
-                     ROW, PASS_ROWS)
+                     ROW, GATHER)
     else:
         if HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
@@ -849,9 +858,10 @@ LOADS_BEFORE_POSITIONS = True
 # head_dim 96's rows padded to 128 channels in blocks of 8 heads (``_head_count_tile``).
 HEAD_COUNT_TILES = True
 # Partial rotary with rotary_dim not a multiple of 16 (GPT-NeoX 20B's 24 of 96 channels, Pythia
-# 2.8B's and StableLM 3B's 20 of 80): the channels past rotary_dim moved as whole rows, in 16-byte
-# vectors, the rotated channels written again over them (``PASS_ROWS`` in the kernel).
-PASS_AS_ROWS = True
+# 2.8B's and StableLM 3B's 20 of 80): whole rows cut at the rotary block, in vectors, each rotated
+# channel's partner taken from the row in registers (``GATHER`` in the kernel;
+# ``_gathered_partners``).
+GATHERED_PARTNERS = True
 # Tiles of models' shapes the rules below fit badly, from probes of 24 models' shapes (H200,
 # 3 shuffled rounds; see default_config): few k heads with q over 4 KB (FEW_K_HEAD_TILES), rows
 # padded to a power of two in Hugging Face's partial rotary (PADDED_TRANSPOSED_PAIRS), and the
@@ -877,23 +887,53 @@ def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
     return LOADS_BEFORE_POSITIONS and has_positions and not interleaved and not narrowed
 
 
-def _pass_rows(head_dim: int, rotary_dim: Optional[int], element_size: int, interleaved: bool,
-               words: bool, angles: int) -> bool:
-    """Whether a call moves the channels past rotary_dim as whole rows (``PASS_AS_ROWS``, the
-    kernel's ``PASS_ROWS``): 16-bit half-split pairs of the cos/sin cache or Hugging Face's
-    tables (``angles`` as ``default_config`` takes them) with part of the head rotated, where
-    rotary_dim is not a multiple of 16. There the compiler cannot prove the pass channels' start
-    aligned (it knows an integer argument's divisibility by 16, no finer), and moves them, like
-    the pairs, one element an instruction. Measured in bf16 on an H200 (probe, 3 shuffled rounds,
-    1 token x 8 heads on 2 warps, fraction of copy, pass channels as before -> as rows): Pythia
-    2.8B's 20 of 80 channels 0.43 -> 0.70, GPT-NeoX 20B's 24 of 96 0.44 -> 0.77, 24 of 128 0.54
-    -> 0.84. Recorded with the tile of ``default_config`` against 683f4f5
-    (figures/qk_model_shapes_h200.json, 5 rounds): Hugging Face's call at 20 of 80 0.360 ->
-    0.718, the cache 0.428 -> 0.720 on the same tile; 24 of 96 0.434 -> 0.773 and 0.333 -> 0.762;
-    40 of 160 0.526 -> 0.739. The rotated pairs still move one element an instruction."""
-    return (PASS_AS_ROWS and rotary_dim is not None and rotary_dim < head_dim
-            and rotary_dim % 16 != 0 and element_size == 2 and not interleaved and not words
+def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bool, words: bool,
+                       angles: int) -> bool:
+    """Whether a call takes whole rows with the partners gathered in registers
+    (``GATHERED_PARTNERS``, the kernel's ``GATHER``): half-split pairs of the cos/sin cache or
+    Hugging Face's tables (``angles`` as ``default_config`` takes them) with part of the head
+    rotated, where rotary_dim is not a multiple of 16. There the compiler cannot prove aligned
+    the pairs' second half (channel rotary_dim/2) or the channels past rotary_dim (it knows an
+    integer argument's divisibility by 16, no finer), and the pairs' tiles move them one element
+    an instruction. Whole rows fix the pass channels but not the partners, loaded at c +-
+    rotary_dim/2. Here each row is loaded in two aligned pieces, the rotary block (channels 0 to
+    the power of two >= rotary_dim, masked at head_dim) and the rest, and the partners come from
+    the rotary block in registers (``tl.gather``: shuffles within a warp): every load and store
+    of q and k is a vector. Measured on an H200 in bf16 (probe, 3 shuffled rounds, Hugging
+    Face's call / the cache's, fraction of copy, the pairs with the pass channels as rows ->
+    these tiles): Pythia 2.8B's 20 of 80 channels 0.690 / 0.683 -> 0.942 / 0.960, GPT-NeoX 20B's
+    24 of 96 0.763 / 0.750 -> 0.944 / 0.981, StableLM 2 12B's 40 of 160 0.700 / 0.722 -> 0.914 /
+    0.965, 24 of 128 0.835 / 0.856 -> 0.924 / 0.963; in float32, where the pairs' tiles moved
+    every element alone, 20 of 80 0.484 / 0.814 -> 0.916 / 0.956."""
+    return (GATHERED_PARTNERS and rotary_dim is not None and rotary_dim < head_dim
+            and rotary_dim % 16 != 0 and not interleaved and not words
             and angles in (ANGLES["cache"], ANGLES["cos_sin"]))
+
+
+def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
+                   on_gpu: bool, transposed: bool) -> dict:
+    """The tile of a ``_gathered_partners`` call, on 2 warps: where the results are transposed
+    against the inputs (Hugging Face's views), 4 tokens x 4 heads (``TRANSPOSED_TILE``); else
+    32 rows of up to 192 B (4 tokens x 8 heads: Pythia's 80 channels, GPT-NeoX 20B's 96 in
+    16-bit), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (12 tiles of 1-8 tokens x
+    4-16 heads on 2 or 4 warps) these were the best or within 3.5 points of the best, but for
+    Hugging Face's call at 24 of 96 (0.944 against 0.961 for 2 x 4) and 24 of 128 (0.924 against
+    0.949 for 4 x 4 on 4 warps); the next sizes lost up to 9 points (the cache at 20 of 80:
+    0.960 on 4 x 8, 0.895 on 2 x 8; at 24 of 128: 0.913 on 4 x 8, 0.963 on 2 x 8). The
+    interpreter: tiles of 16K elements."""
+    width = _next_pow2(head_dim)
+    if not on_gpu:
+        rows = max(1, 16384 // width)
+        block_h = _head_block(q_heads, k_heads, rows)
+        return dict(block_s=min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h))),
+                    block_h=block_h, num_warps=4, all_heads=False, whole_rows=True, gather=True)
+    if transposed:
+        rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
+    else:
+        rows, block_h = (32 if head_dim * element_size <= 192 else 16), 8
+    block_h = min(block_h, _next_pow2(max(1, min(q_heads, k_heads))))
+    return dict(block_s=min(_next_pow2(max(1, seq_len)), rows // block_h), block_h=block_h,
+                num_warps=2, all_heads=False, whole_rows=True, gather=True)
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,
@@ -1141,7 +1181,10 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
       less; 4 tokens x 1 KB of heads on 2 warps (Falcon 7B's 71 q / 1 k through Hugging Face's call
       0.495 -> 0.977, 48q/2k 0.715 -> 0.979, 32q/1k of 128 0.829 -> 0.970; the cache +0.5 to
       +2.2 points).
-    - ``_pass_rows`` calls (rotary_dim not a multiple of 16): one token's 2 KB of heads on 2 warps.
+    - ``_gathered_partners`` calls (rotary_dim not a multiple of 16, 16-bit or float32): whole
+      rows cut at the rotary block, the partners gathered in registers, on ``_gathered_tile``'s
+      tiles (since the session after 7b5d384; before, the pairs with the channels past
+      rotary_dim as whole rows, on one token's 2 KB of heads on 2 warps).
     - ``PADDED_TRANSPOSED_PAIRS``: Hugging Face's partial rotary with transposed results in rows
       padded to a power of two: the pairs' 4 x 4 tile on 4 warps, not whole rows (Phi-2's 32 of
       80 channels 0.852 -> 0.957 forward, 0.858 -> 0.951 backward).
@@ -1215,11 +1258,9 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 return dict(block_s=min(block_s, _next_pow2(max(1, seq_len))), block_h=block_h,
                             num_warps=num_warps, all_heads=False)
         interleaved = False
-    if on_gpu and _pass_rows(head_dim, rotary_dim, element_size, interleaved, words, angles):
-        # One token's 2 KB of heads on 2 warps (see _pass_rows; in a probe the best or within
-        # 2.5 points of the best of up to 12 tiles of 1-8 tokens x 2-32 heads on 2-4 warps).
-        return dict(block_s=1, block_h=max(1, min(_next_pow2(q_heads), 2048 // row)),
-                    num_warps=2, all_heads=False)
+    if _gathered_partners(head_dim, rotary_dim, interleaved, words, angles):
+        return _gathered_tile(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
+                              transposed)
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
     if (FEW_K_HEAD_TILES and on_gpu and element_size == 2 and not interleaved and not words
@@ -1415,8 +1456,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     token_blocks_fastest = (TRANSPOSED_TOKEN_BLOCKS_FASTEST and transposed and not all_heads
                             and _next_pow2(head_dim) * element_size >= 256)
     whole_rows = bool(cfg.get("whole_rows")) and not interleaved
-    pass_rows = not whole_rows and _pass_rows(head_dim, rotary_dim, element_size, interleaved,
-                                              words, _tile_angles(angles, interleaved))
+    # Whole rows with the partners gathered in registers: the rows cut at the rotary block.
+    gather = whole_rows and bool(cfg.get("gather")) and rotary_dim < head_dim
+    rotary_block = max(16, _next_pow2(rotary_dim))  # (GATHER's row: 16 channels or more)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
@@ -1453,14 +1495,15 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         K_LOOP=k_blocks if all_heads else 0,
         V_LOOP=part_blocks - q_blocks - k_blocks if all_heads else 0,
         HALF=_next_pow2(rotary_dim // 2),
-        # Channels past rotary_dim (in words of two when pairs are words; with PASS_ROWS whole
-        # rows, the rotated channels written again over them).
-        PASS=(_next_pow2(head_dim) if pass_rows
+        # Channels past rotary_dim (in words of two when pairs are words; with GATHER those past
+        # the rotary block).
+        PASS=((_next_pow2(head_dim - rotary_block) if head_dim > rotary_block else 0)
+              if gather
               else _next_pow2((head_dim - rotary_dim) // (2 if words else 1))
               if head_dim > rotary_dim else 0),
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
-        ROW=_next_pow2(head_dim) if whole_rows else 0,
-        PASS_ROWS=pass_rows,
+        ROW=rotary_block if gather else _next_pow2(head_dim) if whole_rows else 0,
+        GATHER=gather,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
 

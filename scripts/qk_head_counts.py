@@ -8,6 +8,9 @@
     git show 683f4f5:rope_kernels/rope_qk.py > /tmp/rope_qk_683f4f5.py
     python scripts/qk_head_counts.py --before /tmp/rope_qk_683f4f5.py --only SHAPE,... \
         [--out figures/qk_model_shapes_h200.json]
+    git show 7b5d384:rope_kernels/rope_qk.py > /tmp/rope_qk_7b5d384.py
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_7b5d384.py --only SHAPE,... \
+        [--out figures/qk_gathered_partners_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -18,7 +21,10 @@ head_dim 64 and 128, the tiles a probe found best at such counts (``default_conf
 third recording takes more models' shapes against the tiles of 683f4f5: few k heads
 (``FEW_K_HEAD_TILES``), part of the head rotated with rotary_dim not a multiple of 16
 (``PASS_AS_ROWS``), padded rows in Hugging Face's partial rotary (``PADDED_TRANSPOSED_PAIRS``)
-and a quarter of 128 B rows through the cache (``PARTIAL_128B_CACHE_TILES``).
+and a quarter of 128 B rows through the cache (``PARTIAL_128B_CACHE_TILES``). The fourth takes
+the calls whose rotary_dim is not a multiple of 16, in bf16, fp16 and float32, against the tiles
+of 7b5d384 (the pairs with the channels past rotary_dim as whole rows, ``PASS_ROWS``): whole
+rows with the partners gathered in registers (``GATHERED_PARTNERS``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an
@@ -99,6 +105,14 @@ SHAPES = {
     "hd80 32q/32k rot32": dict(heads=32, k_heads=32, head_dim=80, rotary_percent=0.4),
     "hd64 32q/32k rot16": dict(heads=32, k_heads=32, head_dim=64, rotary_percent=0.25),
     "hd64 16q/16k rot16": dict(heads=16, k_heads=16, head_dim=64, rotary_percent=0.25),
+    # rotary_dim not a multiple of 16 in fp16 and float32 (the fourth recording)
+    "hd80 32q/32k rot20 fp16": dict(heads=32, k_heads=32, head_dim=80, rotary_percent=0.25,
+                                    dtype="fp16"),
+    "hd80 32q/32k rot20 fp32 batch 8": dict(heads=32, k_heads=32, head_dim=80,
+                                            rotary_percent=0.25, dtype="fp32", batch=8),
+    "hd96 64q/64k rot24 fp32 batch 4": dict(heads=64, k_heads=64, head_dim=96,
+                                            rotary_percent=0.25, dtype="fp32", batch=4),
+    "hd160 32q/2k rot40": dict(heads=32, k_heads=2, head_dim=160, rotary_percent=0.25),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),
@@ -111,11 +125,13 @@ MODES = ("hf", "hf backward", "cache out of place", "cache in place")
 
 def _plan_label(module, fn) -> str:
     """``plan_of``'s label of ``fn``'s plan, with ``, PASS_ROWS True`` where the plan moves the
-    channels past rotary_dim as whole rows (a file that predates the constexpr has none): the
-    same tile may run other code."""
+    channels past rotary_dim as whole rows (the kernel of 683f4f5 and earlier has no such
+    constexpr, that of 7b5d384 has, later ones none) and ``, GATHER True`` where it gathers the
+    partners in registers: the same tile may run other code."""
     label = plan_of(module, fn)
     (plan,) = module._PLANS.values()
-    return label + (", PASS_ROWS True" if plan.constexprs.get("PASS_ROWS") else "")
+    return label + "".join(f", {name} True" for name in ("PASS_ROWS", "GATHER")
+                           if plan.constexprs.get(name))
 
 
 def _in_place_result(module, p: QKProblem):

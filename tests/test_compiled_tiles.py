@@ -22,9 +22,10 @@ And that the kernels build, each for its own target, for other GPUs: a T4 (sm_75
 (sm_80), an L4 or RTX 40 (sm_89), a B200 (sm_100) and an RTX 50 (sm_120), in bf16, fp16 and fp32,
 the thd path through programmatic dependent launch from sm_90 (they have run on sm_90 only).
 
-And that with rotary_dim 20 of 80 channels, where the compiler cannot prove the channels past
-it aligned, ``rope_qk``'s ``PASS_ROWS`` moves the rows in 16-byte vectors (without it, every
-element of q and k moves alone).
+And that with rotary_dim 20 of 80 channels, where the compiler cannot prove the pairs' second
+half or the channels past rotary_dim aligned, ``rope_qk``'s ``GATHER`` moves every element of q
+and k in vectors, the partners gathered in registers (without it, the pairs' tiles move every
+element alone).
 
 And, on Triton 3.6 to 3.9, that thd's one-warp count tiles (2 tokens x 8 heads of 128, 32-128
 sequences) keep the boundaries of cu_seqlens in registers: Triton 3.9.0 moved the one load the
@@ -312,7 +313,7 @@ def test_cache_issues_q_loads_before_the_positions(compiled_modules, loads_befor
     assert (first_q < first_position) == loads_before_positions, loads
 
 
-def pass_rows_launch(qk, hf: bool):
+def pythia_launch(qk, hf: bool):
     """The launch of Pythia 2.8B's call, 20 of 80 channels rotated in bf16 (32 heads of q and
     of k, 4096 tokens): Hugging Face's on the [b, h, s, d] views models hand over, or the cos/sin
     cache's out of place."""
@@ -327,26 +328,30 @@ def pass_rows_launch(qk, hf: bool):
     return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, q, head_dim, cache, True))
 
 
-@pytest.mark.parametrize("pass_as_rows", [True, False])
+@pytest.mark.parametrize("gathered", [True, False])
 @pytest.mark.parametrize("call", ["hf", "cache"])
-def test_pass_rows_move_in_16_byte_vectors(compiled_modules, call, pass_as_rows, monkeypatch):
-    """With rotary_dim 20 the compiler cannot prove the channels past it (from byte 40 of the
-    row) or the pairs' second half aligned, and moves every element of q and k with a 2-byte load
-    and store (LDG.E.U16, STG.E.U16; 0.33-0.44 of copy on an H200). With ``PASS_AS_ROWS`` each
-    row is loaded and stored whole in 16-byte vectors (LDG.E.128, STG.E.128), and only the
-    rotated pairs move element by element (4 times fewer 2-byte stores). Read on Triton 3.8.0;
-    the cause, integer arguments specialized on their divisibility by 16 and no finer, is the
-    same from 3.6 to 3.9."""
+def test_gathered_partners_move_q_and_k_in_vectors(compiled_modules, call, gathered,
+                                                   monkeypatch):
+    """With rotary_dim 20 the compiler cannot prove the pairs' second half (channel 10) or the
+    channels past rotary_dim (from byte 40 of the row) aligned, and the pairs' tiles move every
+    element of q and k with a 2-byte load and store (LDG.E.U16, STG.E.U16; 0.33-0.44 of copy on
+    an H200). With ``GATHERED_PARTNERS`` (``GATHER``) each row moves in two aligned pieces, the
+    rotary block and the rest, in 8- or 16-byte vectors, and the partners come from registers
+    (SHFL): no load or store of q or k is 2 bytes wide. (The cos/sin rows, read ``evict_last``,
+    are a few elements a token and stay per element.) Read on Triton 3.8.0; the cause, integer
+    arguments specialized on their divisibility by 16 and no finer, is the same from 3.6 to 3.9."""
     qk = compiled_modules["rope_qk"]
-    monkeypatch.setattr(qk, "PASS_AS_ROWS", pass_as_rows)
+    monkeypatch.setattr(qk, "GATHERED_PARTNERS", gathered)
     monkeypatch.setattr(qk, "_PLANS", {})
-    launch = plan, _ = pass_rows_launch(qk, call == "hf")
-    assert plan.constexprs["PASS_ROWS"] == pass_as_rows
+    launch = plan, _ = pythia_launch(qk, call == "hf")
+    assert plan.constexprs["GATHER"] == gathered
     sass = cuobjdump(compile_qk(qk, launch), "-sass")
-    stores, loads = global_accesses(sass, "STG"), global_accesses(sass)
-    if pass_as_rows:
+    stores = global_accesses(sass, "STG")
+    loads = [op for op in global_accesses(sass) if ".EL" not in op]  # (not the cos/sin rows)
+    if gathered:
+        assert not {"STG.E.U16", "LDG.E.U16"} & set(stores + loads), (stores, loads)
         assert "STG.E.128" in stores and "LDG.E.128" in loads, (stores, loads)
-        assert stores.count("STG.E.U16") * 3 <= stores.count("STG.E.128") * 8, stores
+        assert "SHFL.IDX" in sass
     else:
         assert set(stores) == {"STG.E.U16"} and "LDG.E.128" not in loads, (stores, loads)
 

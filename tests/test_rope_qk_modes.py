@@ -362,6 +362,11 @@ def _blocks(block_s, block_h, warps):
     return dict(block_s=block_s, block_h=block_h, num_warps=warps, all_heads=False)
 
 
+def _gathered(block_s, block_h):
+    """A config of whole rows with the partners gathered (``GATHERED_PARTNERS``), on 2 warps."""
+    return dict(_blocks(block_s, block_h, 2), whole_rows=True, gather=True)
+
+
 def test_default_config_of_hugging_face_tables(monkeypatch):
     """Hugging Face's cos/sin where a row is 256 B or more, k fills 2 KB and the whole head is
     rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
@@ -733,11 +738,15 @@ MODEL_SHAPE_CASES = {
     ("FEW_K_HEAD_TILES", "hf", 48, 2, 64, 64): _blocks(4, 8, 2),
     ("FEW_K_HEAD_TILES", "hf", 24, 2, 128, 128): _blocks(4, 4, 2),
     ("FEW_K_HEAD_TILES", "cache", 32, 1, 128, 128): _blocks(4, 4, 2),
-    # rotary_dim not a multiple of 16: one token's 2 KB of heads on 2 warps, pass channels as rows
-    ("PASS_AS_ROWS", "hf", 32, 32, 80, 20): _blocks(1, 8, 2),
-    ("PASS_AS_ROWS", "cache", 32, 32, 80, 20): _blocks(1, 8, 2),
-    ("PASS_AS_ROWS", "hf", 16, 16, 96, 24): _blocks(1, 8, 2),
-    ("PASS_AS_ROWS", "cache", 32, 8, 160, 40): _blocks(1, 4, 2),
+    # rotary_dim not a multiple of 16: whole rows, the partners gathered in registers, on 2 warps;
+    # transposed results 4 tokens x 4 heads, else 32 rows of up to 192 B (16 of more)
+    ("GATHERED_PARTNERS", "hf", 32, 32, 80, 20): _gathered(4, 4),
+    ("GATHERED_PARTNERS", "cache", 32, 32, 80, 20): _gathered(4, 8),
+    ("GATHERED_PARTNERS", "hf", 16, 16, 96, 24): _gathered(4, 4),
+    ("GATHERED_PARTNERS", "cache", 64, 64, 96, 24): _gathered(4, 8),
+    ("GATHERED_PARTNERS", "cache", 32, 8, 128, 24): _gathered(2, 8),
+    ("GATHERED_PARTNERS", "cache", 32, 8, 160, 40): _gathered(2, 8),
+    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2),
     # Hugging Face's partial rotary in rows padded to a power of two (Phi-2's 32 of 80)
     ("PADDED_TRANSPOSED_PAIRS", "hf", 32, 32, 80, 32): _blocks(4, 4, 4),
     # the cache, a quarter of 128 B rows rotated (StableLM 2 1.6B's 32 / 32, 16 of 64)
@@ -752,7 +761,7 @@ MODEL_SHAPES_LEFT = [
     ("cache", 32, 8, 64, 32), ("hf", 28, 4, 128, 128), ("cache", 28, 4, 128, 128),
     ("hf", 12, 2, 128, 128), ("hf", 32, 32, 128, 32), ("cache", 32, 32, 80, 32),
     ("hf", 14, 2, 64, 64), ("cache", 40, 8, 64, 64)]
-MODEL_SWITCHES = ("FEW_K_HEAD_TILES", "PASS_AS_ROWS", "PADDED_TRANSPOSED_PAIRS",
+MODEL_SWITCHES = ("FEW_K_HEAD_TILES", "GATHERED_PARTNERS", "PADDED_TRANSPOSED_PAIRS",
                   "PARTIAL_128B_CACHE_TILES")
 
 
@@ -771,20 +780,27 @@ def _model_shape_config(table, q_heads, k_heads, head_dim, rotary_dim, esize=2, 
 
 def test_default_config_of_model_shapes(monkeypatch):
     """MODEL_SHAPE_CASES take their tiles on a GPU, out of place, with every switch on, and
-    another with their own switch off (but one, whose tile the cache's rules chose already), and
-    in place Hugging Face's few-k-head calls too (the cache's keep their in-place tiles); in
-    float32, with interleaved pairs or on the interpreter the switches change nothing;
-    MODEL_SHAPES_LEFT get the same config either way, in place too (in place with part of the
-    head rotated, the narrowed heads' rules decide)."""
+    another with their own switch off, and in place Hugging Face's few-k-head calls too (the
+    cache's keep their in-place tiles); with interleaved pairs, in place with part of the head
+    rotated (the narrowed heads' rules decide), and but for GATHERED_PARTNERS in float32 or on
+    the interpreter the switches change nothing (GATHERED_PARTNERS's calls take whole rows with
+    the partners gathered in float32 and in the interpreter too: ``_gathered_tile``);
+    MODEL_SHAPES_LEFT get the same config either way, in place too."""
     for (switch, *shape), want in MODEL_SHAPE_CASES.items():
         assert _model_shape_config(*shape) == want, (switch, shape)
         monkeypatch.setattr(rope_qk, switch, False)
-        # (the cache's rules gave Pythia 2.8B's call this tile already: there the switch moves
-        # the channels past rotary_dim as rows, test_model_shape_tiles)
-        if (switch, *shape) != ("PASS_AS_ROWS", "cache", 32, 32, 80, 20):
-            assert _model_shape_config(*shape) != want, (switch, shape)
+        assert _model_shape_config(*shape) != want, (switch, shape)
         partial = [dict(in_place=True)] if shape[-1] < shape[-2] else []
-        for other in [dict(esize=4), dict(on_gpu=False), dict(interleaved=True)] + partial:
+        same = [dict(interleaved=True)] + partial
+        if switch != "GATHERED_PARTNERS":
+            same += [dict(esize=4), dict(on_gpu=False)]
+        else:
+            monkeypatch.setattr(rope_qk, switch, True)
+            for other in (dict(esize=4), dict(on_gpu=False)):
+                got = _model_shape_config(*shape, **other)
+                assert got["whole_rows"] and got["gather"], (shape, other, got)
+            monkeypatch.setattr(rope_qk, switch, False)
+        for other in same:
             got_off = _model_shape_config(*shape, **other)
             monkeypatch.setattr(rope_qk, switch, True)
             assert _model_shape_config(*shape, **other) == got_off, (switch, shape, other)
@@ -809,46 +825,53 @@ def test_default_config_of_model_shapes(monkeypatch):
 @pytest.mark.parametrize("case", list(MODEL_SHAPE_CASES), ids=lambda c: "-".join(map(str, c)))
 def test_model_shape_tiles(monkeypatch, case, seed):
     """The calls of MODEL_SHAPE_CASES in bf16 (5 tokens): out of place into NaN-poisoned outputs
-    and in place, against float64, the same bits with the case's switch off. With PASS_AS_ROWS
-    the out-of-place plan moves whole rows of the channels past rotary_dim (``PASS_ROWS``, PASS
-    the row's power of two), in the interpreter too; on a GPU the plan is the case's tile."""
+    and in place, against float64, the same bits with the case's switch off (GATHERED_PARTNERS's
+    in float32 too). With GATHERED_PARTNERS the out-of-place plan takes whole rows cut at the
+    rotary block (``GATHER``; ``ROW`` the power of two >= rotary_dim, at least 16, and ``PASS``
+    the one >= the channels after it), in the interpreter too; on a GPU the plan is the case's
+    tile."""
     switch, table, q_heads, k_heads, head_dim, rotary_dim = case
     call = "hf half" if table == "hf" else "cache half-split"
-    q, k, want, rows, run = _q_k_call(call, 5, q_heads, k_heads, head_dim, rotary_dim, seed,
-                                      dtype=torch.bfloat16)
-    results, plans = _switch_both_ways(monkeypatch, switch, run, q, k, want, rows,
-                                       dtype=torch.bfloat16)
-    out_of_place = plans[True][0]
-    c = out_of_place.constexprs
-    if switch == "PASS_AS_ROWS":
-        assert c["PASS_ROWS"] and c["PASS"] == 1 << (head_dim - 1).bit_length()
-        assert not plans[False][0].constexprs["PASS_ROWS"]
-    else:
-        assert not c["PASS_ROWS"]
+    dtypes = [torch.bfloat16] + ([torch.float32] if switch == "GATHERED_PARTNERS" else [])
+    for dtype in dtypes:
+        q, k, want, rows, run = _q_k_call(call, 5, q_heads, k_heads, head_dim, rotary_dim, seed,
+                                          dtype=dtype)
+        results, plans = _switch_both_ways(monkeypatch, switch, run, q, k, want, rows,
+                                           dtype=dtype)
+        out_of_place = plans[True][0]
+        c = out_of_place.constexprs
+        if switch == "GATHERED_PARTNERS":
+            block = max(16, 1 << (rotary_dim - 1).bit_length())
+            assert c["GATHER"] and c["ROW"] == block, c
+            assert c["PASS"] == 1 << (head_dim - block - 1).bit_length(), c
+            assert not plans[False][0].constexprs["GATHER"]
+        else:
+            assert not c["GATHER"]
     if DEVICE == "cuda":
         want_tile = MODEL_SHAPE_CASES[case]
         got = dict(block_s=c["BLOCK_S"], block_h=c["BLOCK_H"], num_warps=out_of_place.num_warps,
                    all_heads=bool(c["ALL_HEADS"]))
-        assert got == dict(want_tile, block_s=min(want_tile["block_s"], 4)), (got, want_tile)
+        assert got == {key: min(want_tile[key], 8) if key == "block_s" else want_tile[key]
+                       for key in got}, (got, want_tile)
 
 
-def test_pass_rows_only_where_rotary_dim_is_unaligned(monkeypatch):
-    """``_pass_rows``: 16-bit half-split calls of the cache and Hugging Face's tables with part of
-    the head rotated and rotary_dim not a multiple of 16; not with the whole head rotated, a
-    multiple of 16, float32, interleaved pairs (split or as words), TE's angle tables, or the
+def test_gathered_partners_only_where_rotary_dim_is_unaligned(monkeypatch):
+    """``_gathered_partners``: half-split calls of the cache and Hugging Face's tables with part of
+    the head rotated and rotary_dim not a multiple of 16, in any dtype; not with the whole head
+    rotated, a multiple of 16, interleaved pairs (split or as words), TE's angle tables, or the
     switch off."""
     cache, hf_tables = rope_qk.ANGLES["cache"], rope_qk.ANGLES["cos_sin"]
     for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (128, 24), (20, 12), (64, 8)):
         for angles in (cache, hf_tables):
-            assert rope_qk._pass_rows(head_dim, rotary_dim, 2, False, False, angles)
-            for other in ((4, False, False, angles), (2, True, False, angles),
-                          (2, True, True, angles), (2, False, False, rope_qk.ANGLES["freqs"])):
-                assert not rope_qk._pass_rows(head_dim, rotary_dim, *other), other
-            monkeypatch.setattr(rope_qk, "PASS_AS_ROWS", False)
-            assert not rope_qk._pass_rows(head_dim, rotary_dim, 2, False, False, angles)
-            monkeypatch.setattr(rope_qk, "PASS_AS_ROWS", True)
+            assert rope_qk._gathered_partners(head_dim, rotary_dim, False, False, angles)
+            for other in ((True, False, angles), (True, True, angles), (False, True, angles),
+                          (False, False, rope_qk.ANGLES["freqs"])):
+                assert not rope_qk._gathered_partners(head_dim, rotary_dim, *other), other
+            monkeypatch.setattr(rope_qk, "GATHERED_PARTNERS", False)
+            assert not rope_qk._gathered_partners(head_dim, rotary_dim, False, False, angles)
+            monkeypatch.setattr(rope_qk, "GATHERED_PARTNERS", True)
     for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (64, 64), (80, 80)):
-        assert not rope_qk._pass_rows(head_dim, rotary_dim, 2, False, False, cache)
+        assert not rope_qk._gathered_partners(head_dim, rotary_dim, False, False, cache)
 
 
 def test_default_config_whole_rows(monkeypatch):
@@ -941,7 +964,8 @@ def test_default_config_transposed(monkeypatch):
     Face's partial rotary on transposed views): on a GPU, half-split rows of 64 or 128 channels
     with at least 4 heads in q and in k take whole rows in tiles of 4 tokens x 4 heads on 2 warps,
     in every dtype, but where 16-bit rows are padded (head_dim 80 in 128 channels: the pairs'
-    tiles, on 4 warps, or where rotary_dim is not a multiple of 16 those of ``_pass_rows``);
+    tiles, on 4 warps), and where rotary_dim is not a multiple of 16 (40 of 80 channels, in
+    every dtype) whole rows with the partners gathered, 4 x 4 too (``_gathered_tile``);
     fewer k heads, head_dim 256, interleaved pairs, the interpreter and outputs in the inputs'
     order keep the other rules."""
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
@@ -952,16 +976,16 @@ def test_default_config_transposed(monkeypatch):
             args = (4096, q_heads, k_heads, head_dim, esize, True, False, hf_tables,
                     head_dim // 2, False)
             want = rows
-            if esize == 2 and head_dim == 80:  # 40 of 80 rotated: pass channels as rows
-                want = _blocks(1, 8, 2)
+            if head_dim == 80:  # 40 of 80 rotated: the partners gathered
+                want = _gathered(4, 4)
+            if esize == 2 and head_dim == 80:
                 padded = rope_qk.default_config(*args[:8], 32, False, True)
                 assert padded == _blocks(4, 4, 4), padded  # 32 of 80
                 monkeypatch.setattr(rope_qk, "PADDED_TRANSPOSED_PAIRS", False)
                 assert rope_qk.default_config(*args[:8], 32, False, True) == rows
                 monkeypatch.setattr(rope_qk, "PADDED_TRANSPOSED_PAIRS", True)
             assert rope_qk.default_config(*args, True) == want, args
-            if want is rows:  # (pass channels as rows: the same tile whatever the order)
-                assert rope_qk.default_config(*args, False) != want, args
+            assert rope_qk.default_config(*args, False) != want, args
             assert rope_qk.default_config(*args[:5], False, *args[6:], True) != want, args
             assert rope_qk.default_config(*args[:6], True, *args[7:], True) != want, args
         for q_heads, k_heads, head_dim in ((16, 2, 128), (8, 1, 128), (16, 4, 256), (16, 4, 32)):
