@@ -903,8 +903,11 @@ def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bo
     Face's call / the cache's, fraction of copy, the pairs with the pass channels as rows ->
     these tiles): Pythia 2.8B's 20 of 80 channels 0.690 / 0.683 -> 0.942 / 0.960, GPT-NeoX 20B's
     24 of 96 0.763 / 0.750 -> 0.944 / 0.981, StableLM 2 12B's 40 of 160 0.700 / 0.722 -> 0.914 /
-    0.965, 24 of 128 0.835 / 0.856 -> 0.924 / 0.963; in float32, where the pairs' tiles moved
-    every element alone, 20 of 80 0.484 / 0.814 -> 0.916 / 0.956."""
+    0.965, 24 of 128 0.835 / 0.856 -> 0.924 / 0.963; in float32, where whole rows loaded the
+    partners one element at a time and the pairs' tiles moved every element so, 20 of 80 0.484 /
+    0.814 -> 0.916 / 0.956. Recorded with ``_gathered_tile``'s tiles against 7b5d384
+    (figures/qk_gathered_partners_h200.json, 5 rounds): 24 calls 1.100-1.892 times the speed,
+    Hugging Face's call at 0.915-0.948 of copy, the cache's at 0.956-0.979."""
     return (GATHERED_PARTNERS and rotary_dim is not None and rotary_dim < head_dim
             and rotary_dim % 16 != 0 and not interleaved and not words
             and angles in (ANGLES["cache"], ANGLES["cos_sin"]))
@@ -915,12 +918,12 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     """The tile of a ``_gathered_partners`` call, on 2 warps: where the results are transposed
     against the inputs (Hugging Face's views), 4 tokens x 4 heads (``TRANSPOSED_TILE``); else
     32 rows of up to 192 B (4 tokens x 8 heads: Pythia's 80 channels, GPT-NeoX 20B's 96 in
-    16-bit), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (12 tiles of 1-8 tokens x
-    4-16 heads on 2 or 4 warps) these were the best or within 3.5 points of the best, but for
-    Hugging Face's call at 24 of 96 (0.944 against 0.961 for 2 x 4) and 24 of 128 (0.924 against
-    0.949 for 4 x 4 on 4 warps); the next sizes lost up to 9 points (the cache at 20 of 80:
-    0.960 on 4 x 8, 0.895 on 2 x 8; at 24 of 128: 0.913 on 4 x 8, 0.963 on 2 x 8). The
-    interpreter: tiles of 16K elements."""
+    16-bit), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens x
+    4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within 3.0 points
+    of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on 4 x 8 on
+    4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on
+    2 x 8; at 24 of 128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K
+    elements."""
     width = _next_pow2(head_dim)
     if not on_gpu:
         rows = max(1, 16384 // width)
