@@ -31,7 +31,12 @@ Where each token's angles come from (``ANGLES``):
 Pairs are half-split (j, j + rotary_dim/2) or interleaved (2j, 2j+1). Interleaved pairs are read
 and written as one 32-bit word each (64-bit in float32) where every row of q and k starts at an
 even element with its channels contiguous (the layouts models produce), else split from a
-``[..., HALF, 2]`` tile, which is slower (``INTERLEAVED`` 2 and 1).
+``[..., HALF, 2]`` tile, which is slower (``INTERLEAVED`` 2 and 1). Half-split rows move in three
+pieces, the pairs' two halves and the channels past rotary_dim, or whole (``ROW``), each channel's
+partner loaded again from L1. Where rotary_dim is not a multiple of 16 the compiler cannot prove the
+pieces aligned (it knows an integer argument's divisibility by 16, no finer) and moves them one
+element an instruction: there a row moves in two aligned pieces, the rotary block and the rest,
+and the partners are gathered from the block in registers (``GATHER``).
 
 Usage::
 
