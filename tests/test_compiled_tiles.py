@@ -313,16 +313,16 @@ def test_cache_issues_q_loads_before_the_positions(compiled_modules, loads_befor
     assert (first_q < first_position) == loads_before_positions, loads
 
 
-def pythia_launch(qk, hf: bool):
-    """The launch of Pythia 2.8B's call, 20 of 80 channels rotated in bf16 (32 heads of q and
-    of k, 4096 tokens): Hugging Face's on the [b, h, s, d] views models hand over, or the cos/sin
-    cache's out of place."""
+def pythia_launch(qk, hf: bool, dtype=torch.bfloat16):
+    """The launch of Pythia 2.8B's call, 20 of 80 channels rotated (bf16 unless ``dtype``; 32
+    heads of q and of k, 4096 tokens): Hugging Face's on the [b, h, s, d] views models hand
+    over, or the cos/sin cache's out of place."""
     tokens, heads, head_dim, rotary_dim = 4096, 32, 80, 20
     if hf:
-        q = meta(4, 1024, heads, head_dim, dtype=torch.bfloat16).transpose(1, 2)
-        cos = meta(1, 1024, rotary_dim, dtype=torch.bfloat16)
+        q = meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2)
+        cos = meta(1, 1024, rotary_dim, dtype=dtype)
         return gpu_launch(qk, lambda: qk.rope_cos_sin(q, q, cos, cos))
-    q = meta(tokens, heads * head_dim, dtype=torch.bfloat16)
+    q = meta(tokens, heads * head_dim, dtype=dtype)
     positions = meta(tokens, dtype=torch.int64)
     cache = meta(8192, rotary_dim, dtype=torch.float32)
     return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, q, head_dim, cache, True))
@@ -468,10 +468,15 @@ def test_rope_2d_compiles_for_other_gpus(compiled_modules, capability, dtype):
 @pytest.mark.parametrize("capability", OTHER_GPUS, ids=lambda c: f"sm_{c}")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_qk_compiles_for_other_gpus(compiled_modules, capability, dtype):
-    """The q+k kernel's Hugging Face transposed whole rows and fused QKV's plan, half-split and
-    with interleaved pairs read as words."""
+    """The q+k kernel's Hugging Face transposed whole rows, fused QKV's plan, half-split and
+    with interleaved pairs read as words, and Pythia's 20 of 80 channels (the partners gathered
+    in registers, ``GATHER``) through Hugging Face's call and the cache's."""
     ptxas_for(capability)
     qk = compiled_modules["rope_qk"]
+    for hf in (True, False):
+        launch = pythia_launch(qk, hf, dtype)
+        assert launch[0].constexprs["GATHER"]
+        assert built_for(compile_qk(qk, launch, capability), capability)
     assert built_for(compile_qk(qk, hf_half_rotary(qk, dtype), capability), capability)
     assert built_for(compile_qk(qk, fused_qkv(qk, dtype), capability), capability)
     words = fused_qkv(qk, dtype, interleaved=True)
