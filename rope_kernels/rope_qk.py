@@ -356,6 +356,17 @@ def _pass_channels(ptr, row_mask, rotary_dim, head_dim, INTERLEAVED: tl.constexp
 
 
 @triton.jit
+def _after_block(row_mask, head_dim, INT64: tl.constexpr, ROW: tl.constexpr,
+                 PASS: tl.constexpr):
+    """With ``GATHER``: the channels after a whole-row tile's rotary block (channel index [PASS]
+    from channel ROW, a multiple of 16, so aligned) and their mask, for rows [R, 1]."""
+    p = ROW + tl.arange(0, PASS)
+    if INT64:
+        p = p.to(tl.int64)
+    return p, row_mask & (p < head_dim)[None, :]
+
+
+@triton.jit
 def _load_tile(
     x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim, head_dim,
     x_s, x_b, x_g, x_u, x_d,
@@ -366,7 +377,9 @@ def _load_tile(
     channels (x1, x2; interleaved pairs: the [..., HALF, 2] tile twice, or with INTERLEAVED 2
     both as float32 from one word per pair) and the channels past rotary_dim (xp; with PASS 0, a
     stand-in that is never used). With ``ROW`` (half-split pairs): whole rows [..., ROW] (x1),
-    and each channel's partner (x2: the same lines again, from L1)."""
+    and each channel's partner (x2: the same lines again, from L1); with ``GATHER`` the rotary
+    block [..., ROW] (x1; the partners are gathered from it in ``_store_tile``, x2 a stand-in)
+    and the channels after it (xp)."""
     if ROW > 0:
         x_row, row_mask = _flat_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g,
                                      x_u, INT64, BLOCK_H)
@@ -378,11 +391,9 @@ def _load_tile(
             x2 = tl.load(x_ptr + x_row + partner[None, :] * x_d, mask=row_mask & rotated[None, :],
                          other=0.0)
         xp = x1
-        if GATHER and PASS > 0:  # the channels after the rotary block, from channel ROW
-            p = ROW + tl.arange(0, PASS)
-            if INT64:
-                p = p.to(tl.int64)
-            xp = tl.load(x_ptr + x_row + p[None, :] * x_d, mask=row_mask & (p < head_dim)[None, :])
+        if GATHER and PASS > 0:
+            p, p_mask = _after_block(row_mask, head_dim, INT64, ROW, PASS)
+            xp = tl.load(x_ptr + x_row + p[None, :] * x_d, mask=p_mask)
     else:
         x_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, x_s, x_b, x_g,
                                      x_u, INT64, BLOCK_H)
@@ -418,7 +429,8 @@ def _store_tile(
     PASS: tl.constexpr, ROW: tl.constexpr, GATHER: tl.constexpr,
 ):
     """Rotate a tile loaded by ``_load_tile`` by its tokens' cos/sin [BLOCK_S, HALF] and store it
-    (the channels past rotary_dim copied). With ``ROW``: whole rows, one store."""
+    (the channels past rotary_dim copied). With ``ROW``: whole rows, one store (with ``GATHER``
+    two: the rotary block, the partners gathered from it, and the channels after it)."""
     if ROW > 0:
         o_row, row_mask = _flat_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, o_s, o_b, o_g,
                                      o_u, INT64, BLOCK_H)
@@ -440,10 +452,8 @@ def _store_tile(
         tl.store(out_ptr + o_row + c[None, :] * o_d, y.to(out_ptr.dtype.element_ty),
                  mask=row_mask & (c < head_dim)[None, :])
         if GATHER and PASS > 0:
-            p = ROW + tl.arange(0, PASS)
-            if INT64:
-                p = p.to(tl.int64)
-            tl.store(out_ptr + o_row + p[None, :] * o_d, xp, mask=row_mask & (p < head_dim)[None, :])
+            p, p_mask = _after_block(row_mask, head_dim, INT64, ROW, PASS)
+            tl.store(out_ptr + o_row + p[None, :] * o_d, xp, mask=p_mask)
     else:
         o_row, row_mask = _tile_rows(s_idx, s_mask, pid_b, pid_h, heads, n_sub, o_s, o_b, o_g,
                                      o_u, INT64, BLOCK_H)
@@ -627,7 +637,6 @@ def rope_qk_kernel(
     PASS: tl.constexpr,  # power of two >= head_dim - rotary_dim, or 0
     V_WIDTH: tl.constexpr,  # power of two >= v_dim, or 0
     ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
-
     # With ROW: the partners of the rotated channels taken from the row in registers (tl.gather);
     # ROW is then the rotary block, a power of two >= rotary_dim, and PASS the channels after it.
     GATHER: tl.constexpr,
@@ -933,8 +942,9 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     if not on_gpu:
         rows = max(1, 16384 // width)
         block_h = _head_block(q_heads, k_heads, rows)
-        return dict(block_s=min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h))),
-                    block_h=block_h, num_warps=4, all_heads=False, whole_rows=True, gather=True)
+        block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)))
+        return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
+                    whole_rows=True, gather=True)
     if transposed:
         rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
     else:
@@ -1191,8 +1201,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
       +2.2 points).
     - ``_gathered_partners`` calls (rotary_dim not a multiple of 16, 16-bit or float32): whole
       rows cut at the rotary block, the partners gathered in registers, on ``_gathered_tile``'s
-      tiles (since the session after 7b5d384; before, the pairs with the channels past
-      rotary_dim as whole rows, on one token's 2 KB of heads on 2 warps).
+      tiles (since c8faee4; before, the pairs with the channels past rotary_dim as whole rows,
+      on one token's 2 KB of heads on 2 warps; figures/qk_gathered_partners_h200.json).
     - ``PADDED_TRANSPOSED_PAIRS``: Hugging Face's partial rotary with transposed results in rows
       padded to a power of two: the pairs' 4 x 4 tile on 4 warps, not whole rows (Phi-2's 32 of
       80 channels 0.852 -> 0.957 forward, 0.858 -> 0.951 backward).
