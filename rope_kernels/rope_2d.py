@@ -383,6 +383,9 @@ def rope_2d_kernel(
     ROW: tl.constexpr,  # power of two >= head_dim: whole rows (half-split pairs), else 0
     GATHER_SINES: tl.constexpr,  # whole rows, backward: rotary_dim (a power of two) to gather
                                  # the partners' sines in registers, else 0 (see _cos_sin_row)
+    # With ROW: the partners of the rotated channels taken from the row in registers (tl.gather);
+    # ROW is then the rotary block, a power of two >= rotary_dim, and PASS the channels after it.
+    GATHER: tl.constexpr,
 ):
     # One program: BLOCK_S positions x BLOCK_B batch elements x BLOCK_H heads, on a 1-D grid.
     pid = tl.program_id(0)
@@ -465,8 +468,11 @@ def rope_2d_kernel(
         c, partner, rotated = _row_partner(rotary_dim, INT64, ROW)
         xr = tl.load(x_ptr + x_sbh + c[None, :] * x_stride_d,
                      mask=row_mask & (c < head_dim)[None, :])
-        xq = tl.load(x_ptr + x_sbh + partner[None, :] * x_stride_d,
-                     mask=row_mask & rotated[None, :], other=0.0)
+        if GATHER:
+            xq = xr  # the partners are gathered from xr below, after the angles' loads
+        else:
+            xq = tl.load(x_ptr + x_sbh + partner[None, :] * x_stride_d,
+                         mask=row_mask & rotated[None, :], other=0.0)
     elif PAIRS_AS_WORDS:
         # One word load per pair, as wide and coalesced as the half-split loads, and no
         # shuffling of registers.
@@ -481,7 +487,9 @@ def rope_2d_kernel(
         x1 = tl.load(x_ptr + x_sbh + c1[None, :] * x_stride_d, mask=mask)
         x2 = tl.load(x_ptr + x_sbh + c2[None, :] * x_stride_d, mask=mask)
     if PASS > 0:
-        p = rotary_units + tl.arange(0, PASS)  # channels past rotary_dim, copied through
+        # Channels past rotary_dim, copied through (with GATHER those after the rotary block,
+        # from channel ROW, a multiple of 16).
+        p = (ROW if GATHER else rotary_units) + tl.arange(0, PASS)
         if INT64:
             p = p.to(tl.int64)
         p_mask = row_mask & (p < head_units)[None, :]
@@ -511,6 +519,11 @@ def rope_2d_kernel(
     # The reuse: one cos/sin tile [BLOCK_S, HALF] per program, shared by all its batch elements
     # and heads.
     if ROW > 0:
+        if GATHER:
+            # With rotary_dim not a multiple of 16 a load at the partners' addresses (c +-
+            # rotary_dim/2) moves one element an instruction: take them from the row instead.
+            xq = tl.gather(xr, tl.broadcast_to(partner[None, :], xr.shape), axis=1)
+            xq = tl.where(rotated[None, :], xq, 0.0)  # (sin is 0 there; x may be inf)
         cos, sin = _cos_sin_row(freqs_ptr, pos[:, None], c[None, :], partner[None, :], rotary_dim,
                                 f_stride_s, f_stride_d, s_mask[:, None] & rotated[None, :],
                                 BACKWARD, FAST_TRIG, GATHER_SINES, BLOCK_S, ROW)
@@ -548,8 +561,8 @@ def rope_2d_kernel(
                      y1.to(out_ptr.dtype.element_ty), mask=mask)
             tl.store(out_ptr + o_sbh + c2[None, :] * o_stride_d,
                      y2.to(out_ptr.dtype.element_ty), mask=mask)
-        if PASS > 0:
-            tl.store(o_base + o_sbh + p[None, :] * o_stride_d, xp, mask=p_mask)
+    if PASS > 0:
+        tl.store(o_base + o_sbh + p[None, :] * o_stride_d, xp, mask=p_mask)
 
 
 def _next_pow2(n: int) -> int:
@@ -691,6 +704,12 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
         cfg["whole_rows"] = (whole and tensor_format in WHOLE_ROW_FORMATS  # on the tile's warps
                              and not (tensor_format == "bshd"
                                       and head_dim * element_size > BSHD_WHOLE_ROW_MAX_BYTES))
+    # rotary_dim not a multiple of 16, half-split pairs: whole rows cut at the rotary block, the
+    # partners gathered in registers (GATHERED_PARTNERS), in every dtype and the interpreter.
+    cfg["gather"] = (GATHERED_PARTNERS and not interleaved and rotary_dim < head_dim
+                     and rotary_dim % 16 != 0)
+    if cfg["gather"]:
+        cfg["whole_rows"] = True
     # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
@@ -717,6 +736,13 @@ WHOLE_ROW_BYTES = 256
 # stays with bshd.
 GATHER_SINES_FORMATS = ("bshd",)
 GATHER_SINES_POSITIONS = 4
+# Half-split pairs with rotary_dim not a multiple of 16 (Megatron's and GPT-NeoX's rotary_percent
+# 0.25 of heads of 80 or 96: 20 or 24 channels): the compiler cannot prove the pairs' second half
+# or the channels past rotary_dim aligned (it knows an integer argument's divisibility by 16, no
+# finer) and moves them one element an instruction. GATHER: whole rows cut in two aligned pieces,
+# the rotary block and the rest, the partners gathered from the block in registers (as rope_qk's
+# GATHERED_PARTNERS).
+GATHERED_PARTNERS = True
 # bshd rows longer than this (head_dim 256 in 16-bit) keep the pairs. On the 2-D tiles (5a5ea57)
 # their whole-row backward ran at 0.80-0.81 of copy on an H200 with the sines gathered, 0.93
 # computing them again, against 0.935 / 0.978 for the pairs (16 / 32 heads; the 3-D tiles'
@@ -981,8 +1007,11 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # GPU has it (``pdl`` in config: None = where available).
     pdl = bool(cfg["token_rows"]) and (_pdl_available(t.device) if cfg["pdl"] is None
                                        else bool(cfg["pdl"]))
-    # Whole rows: half-split pairs only (interleaved pairs have their own loads).
+    # Whole rows: half-split pairs only (interleaved pairs have their own loads); with ``gather``
+    # (part of the head rotated) cut at the rotary block, the partners gathered in registers.
     whole_rows = bool(cfg["whole_rows"]) and not interleaved
+    gather = whole_rows and bool(cfg["gather"]) and rotary_dim < head_dim
+    rotary_block = max(16, _next_pow2(rotary_dim))
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
     seq_bounds = _count_slot(n_seqs, cfg["token_rows"]) if is_thd else 0
@@ -1021,12 +1050,14 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         BLOCK_H=cfg["block_h"],
         HALF=_next_pow2(rotary_dim // 2),
         # Channels copied through (words of two when pairs are words; whole rows copy them
-        # within the row).
-        PASS=(_next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
+        # within the row; with GATHER those after the rotary block).
+        PASS=((_next_pow2(head_dim - rotary_block) if head_dim > rotary_block else 0) if gather
+              else _next_pow2((head_dim - rotary_dim) // (2 if pairs_as_words else 1))
               if head_dim > rotary_dim and not whole_rows else 0),
-        ROW=_next_pow2(head_dim) if whole_rows else 0,
+        ROW=rotary_block if gather else _next_pow2(head_dim) if whole_rows else 0,
         GATHER_SINES=(rotary_dim if whole_rows and backward and cfg["gather_sines"]
                       and _is_pow2(rotary_dim) else 0),
+        GATHER=gather,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"], dict(launch_pdl=True) if pdl else None)
 

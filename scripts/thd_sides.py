@@ -41,8 +41,7 @@ def arguments(doc: str, default_out: str, sides: Optional[list] = None) -> argpa
 
 
 # The last line of rope_2d_kernel's parameters and the signature's close.
-KERNEL_SIGNATURE_END = ("                                 # the partners' sines in registers, "
-                        "else 0 (see _cos_sin_row)\n):\n")
+KERNEL_SIGNATURE_END = "    GATHER: tl.constexpr,\n):\n"
 
 
 def new_constexpr(declaration: str) -> tuple[str, str]:

@@ -356,6 +356,34 @@ def test_gathered_partners_move_q_and_k_in_vectors(compiled_modules, call, gathe
         assert set(stores) == {"STG.E.U16"} and "LDG.E.128" not in loads, (stores, loads)
 
 
+@pytest.mark.parametrize("gathered", [True, False])
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+def test_rope_2d_gathered_partners_move_x_in_vectors(compiled_modules, fmt, gathered,
+                                                     monkeypatch):
+    """rope_2d with 20 of 80 channels rotated (TransformerEngine's rotary_percent 0.25 on heads of
+    80, bf16, forward): without ``GATHERED_PARTNERS`` every load and store of x is a 2-byte one
+    (LDG.E.U16, STG.E.U16); with it (``GATHER``) none is: the rotary block and the rest move in
+    16-byte vectors and the partners between threads (SHFL.IDX). Read on Triton 3.8.0."""
+    r2 = compiled_modules["rope_2d"]
+    monkeypatch.setattr(r2, "GATHERED_PARTNERS", gathered)
+    r2._config.cache_clear()
+    shape = {"sbhd": (4096, 16, 32, 80), "bshd": (16, 4096, 32, 80), "thd": (65536, 32, 80)}[fmt]
+    x = torch.empty(*shape, device="meta", dtype=torch.bfloat16)
+    freqs = torch.empty(4096, 1, 1, 20, device="meta", dtype=torch.float32)
+    cu_seqlens = torch.empty(17, device="meta", dtype=torch.int32) if fmt == "thd" else None
+    plan = rope_2d_gpu_plan(r2, x, freqs, fmt, cu_seqlens, config={"fast_trig": True})
+    assert plan.constexprs["GATHER"] == gathered
+    sass = cuobjdump(compile_rope_2d(r2, plan, torch.bfloat16), "-sass")
+    r2._config.cache_clear()
+    stores = global_accesses(sass, "STG")
+    loads = [op for op in global_accesses(sass) if ".EL" not in op]  # (not the angle table)
+    if gathered:
+        assert not {"STG.E.U16", "LDG.E.U16"} & set(stores + loads), (stores, loads)
+        assert "STG.E.128" in stores and "LDG.E.128" in loads and "SHFL.IDX" in sass
+    else:
+        assert set(stores) == {"STG.E.U16"} and "LDG.E.U16" in loads, (stores, loads)
+
+
 # Other GPUs. The kernels run compiled on H100 and H200 only (sm_90); this checks that each
 # kernel and its main variants build for the GPUs learners and users have: Colab's T4 (sm_75, no
 # native bf16 conversions), the A100 (sm_80), the L4 and RTX 40 series (sm_89), and Blackwell's

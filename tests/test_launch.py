@@ -828,15 +828,15 @@ def test_default_config_whole_rows(monkeypatch):
     # TE's default shape, sbhd bf16: the 2 x 16-head tile of 8 KB on 4 warps, as whole rows.
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "sbhd") == dict(
         block_s=2, block_b=1, block_h=16, group_b=16, num_warps=4, whole_rows=True,
-        gather_sines=False)
+        gather_sines=False, gather=False)
     # bshd: 8 positions x 4 heads on 4 warps, as whole rows whose backward gathers its sines.
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "bshd") == dict(
         block_s=8, block_b=1, block_h=4, group_b=2, num_warps=4, whole_rows=True,
-        gather_sines=True)
+        gather_sines=True, gather=False)
     # bshd in place: one position's 8 heads on 2 warps, as whole rows (one position: no gather).
     assert r2.default_config(4096, 16, 32, 128, 128, gpu, 2, False, "bshd", in_place=True) == dict(
         block_s=1, block_b=1, block_h=8, group_b=1, num_warps=2, whole_rows=True,
-        gather_sines=False)
+        gather_sines=False, gather=False)
 
     def cfg(*args, whole=False, **kw):
         monkeypatch.setattr(r2, "WHOLE_ROWS", whole)
@@ -1056,3 +1056,79 @@ def test_fused_multiply_adds_stay_on_whatever_tritons_default(tmp_path):
     assert any(not torch.equal(control[key], default[key])
                for key in default if not key.startswith("1d")), \
         "with the options emptied, fusion off should change some result: the test cannot fail"
+
+
+@pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim, rotary_dim", [(80, 20), (96, 24), (20, 12), (64, 8)])
+def test_rope_2d_gathered_partners(fmt, dtype, head_dim, rotary_dim, seed, monkeypatch):
+    """rotary_dim not a multiple of 16 (``GATHERED_PARTNERS``, the kernel's ``GATHER``): whole
+    rows cut at the rotary block (``ROW`` the power of two >= rotary_dim, at least 16; ``PASS``
+    the one >= the channels after it, 0 where none are left), the partners gathered in
+    registers, with start positions where TransformerEngine allows them (context parallelism in
+    thd). Forward and backward into NaN-poisoned outputs against the float64 reference and
+    autograd through it (a table whose halves differ, so that a partner taken from the wrong
+    channel shows), the same bits with the switch off (the pairs' tile), and the backward's
+    partner sines gathered (``gather_sines``, rotary_dim 8, a power of two) or computed again."""
+    monkeypatch.setattr(r2, "_PLANS", {})
+    kw = {}
+    if fmt == "thd":
+        kw = dict(cu_seqlens=torch.tensor([0, 4, 4, 16], dtype=torch.int32, device=DEVICE),
+                  cp_size=2, cp_rank=1)
+        shape = (8, 3, head_dim)
+    else:
+        shape = (6, 3, 2, head_dim) if fmt == "sbhd" else (3, 6, 2, head_dim)
+        kw["start_positions"] = torch.tensor([5, 0, 17], dtype=torch.int32, device=DEVICE)
+    t = randn(shape, dtype, seed)
+    grad = randn(shape, dtype, seed + 1)
+    freqs = 3 * randn((40, 1, 1, rotary_dim), torch.float32, seed + 2)  # halves differ
+    t64 = t.double().requires_grad_(True)
+    ref = rope_reference(t64, freqs, fmt, **kw)
+    ref.backward(grad.double())
+    block = max(16, 1 << (rotary_dim - 1).bit_length())
+    for backward, x, want in ((False, t, ref.detach()), (True, grad, t64.grad)):
+        results = {}
+        for gathered in (True, False):
+            monkeypatch.setattr(r2, "GATHERED_PARTNERS", gathered)
+            r2._config.cache_clear()
+            r2._PLANS.clear()
+            out = torch.full_like(x, float("nan"))
+            rope_2d(x, freqs, fmt, backward=backward, out=out, **kw)
+            (plan,) = r2._PLANS.values()
+            c = plan.constexprs
+            assert c["GATHER"] == gathered, c
+            if gathered:
+                assert c["ROW"] == block and c["PASS"] == (
+                    1 << (head_dim - block - 1).bit_length() if head_dim > block else 0), c
+            results[gathered] = out
+        assert_rope_close(results[True], want, dtype, f"backward={backward}")
+        assert torch.equal(results[True], results[False]), backward
+        for gather_sines in (True, False):
+            out = torch.full_like(x, float("nan"))
+            rope_2d(x, freqs, fmt, backward=backward, out=out,
+                    config={"gather_sines": gather_sines, "block_s": 4}, **kw)
+            assert torch.equal(out, results[True]), (backward, gather_sines)
+
+
+def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monkeypatch):
+    """``gather`` (whole rows, the partners gathered in registers): half-split pairs with part of
+    the head rotated and rotary_dim not a multiple of 16, in 16-bit and float32, on a GPU and in
+    the interpreter, every format; not with interleaved pairs, the whole head rotated, a
+    multiple of 16, or the switch off. The tile is the pairs' (only the flags differ)."""
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (20, 12), (64, 8)):
+        for args in ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "sbhd"),
+                     (4096, 16, 32, head_dim, rotary_dim, gpu, 4, False, "bshd"),
+                     (65536, 1, 32, head_dim, rotary_dim, cpu, 2, False, "thd")):
+            cfg = r2.default_config(*args)
+            assert cfg["gather"] and cfg["whole_rows"], (args, cfg)
+            assert not r2.default_config(*args[:7], True, *args[8:])["gather"], args
+            monkeypatch.setattr(r2, "GATHERED_PARTNERS", False)
+            r2._config.cache_clear()
+            off = r2.default_config(*args)
+            monkeypatch.setattr(r2, "GATHERED_PARTNERS", True)
+            assert not off["gather"]
+            tile = ("block_s", "block_b", "block_h", "group_b", "num_warps")
+            assert {k: cfg[k] for k in tile} == {k: off[k] for k in tile}, args
+    for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (80, 80), (20, 20)):
+        assert not r2.default_config(4096, 16, 32, head_dim, rotary_dim, gpu)["gather"]

@@ -237,7 +237,9 @@ def test_rope_2d_in_place_leaves_the_channels_past_rotary_dim(fmt, interleaved, 
     """rope_2d(out=t) with 12 of 20 channels rotated: the plan is that of heads narrowed to
     rotary_dim (PASS 0; the channels past it neither read nor written), the rotated channels
     against the float64 reference, the rest bit for bit as they were; out of place the same call
-    copies them (PASS 8, or 4 words for interleaved pairs read as words)."""
+    copies them (PASS 8, or 4 words for interleaved pairs read as words; whole rows, cut at the
+    rotary block of 16 channels with the partners gathered since 12 is not a multiple of 16,
+    copy the 4 after it)."""
     r2 = importlib.import_module("rope_kernels.rope_2d")  # (the package exports the function)
     monkeypatch.setattr(r2, "_PLANS", {})
     shape = (14, 3, 20) if fmt == "thd" else (7, 2, 3, 20)
@@ -249,7 +251,8 @@ def test_rope_2d_in_place_leaves_the_channels_past_rotary_dim(fmt, interleaved, 
     y = rope_2d(t, freqs, fmt, interleaved=interleaved, cu_seqlens=cu, config=config)
     (plan,) = r2._PLANS.values()
     words = plan.constexprs["PAIRS_AS_WORDS"]
-    assert plan.constexprs["PASS"] == (0 if whole_rows and not interleaved else 4 if words else 8)
+    assert plan.constexprs["PASS"] == (4 if whole_rows and not interleaved else 4 if words else 8)
+    assert plan.constexprs["GATHER"] == (whole_rows and not interleaved)
     assert_rope_close(y, ref, torch.float32, "out of place")
     x = t.clone()
     r2._PLANS.clear()
@@ -306,7 +309,9 @@ def test_rope_2d_whole_rows(fmt, dtype, cp_size, rotary_dim, seed):
     masked row of 32, 8 or 4 channels passed through): forward and backward against the float64
     reference, the backward's partner sines computed again and (``gather_sines``, rotary_dim 16,
     a power of two) gathered in registers, with start positions where TransformerEngine allows
-    them, outputs NaN-poisoned; interleaved pairs keep their own loads (ROW 0)."""
+    them, outputs NaN-poisoned; interleaved pairs keep their own loads (ROW 0). The partners are
+    loaded again (``gather`` off: 12 channels would otherwise be gathered in registers,
+    tests/test_launch.py's test_rope_2d_gathered_partners)."""
     k2 = importlib.import_module("rope_kernels.rope_2d")  # (the package exports the function)
     cp_rank = cp_size - 1
     kw = {"cp_size": cp_size, "cp_rank": cp_rank}
@@ -334,7 +339,8 @@ def test_rope_2d_whole_rows(fmt, dtype, cp_size, rotary_dim, seed):
             k2._PLANS.clear()
             rope_2d(grad if backward else t, freqs_i if interleaved else freqs, fmt,
                     interleaved=interleaved, backward=backward, out=out,
-                    config={"whole_rows": True, "gather_sines": gather}, **kw)
+                    config={"whole_rows": True, "gather_sines": gather, "gather": False},
+                    **kw)
             (plan,) = k2._PLANS.values()
             # Whole rows copy the channels past rotary_dim within the row; pairs read as words
             # copy them as words (elements where the layout does not allow words).
