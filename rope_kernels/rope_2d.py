@@ -709,7 +709,10 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
     cfg["gather"] = (GATHERED_PARTNERS and not interleaved and rotary_dim < head_dim
                      and rotary_dim % 16 != 0)
     if cfg["gather"]:
+        # On 2 warps at most: the pairs' tile on 4 warps ran 0.66-0.89 of copy in bf16 and the
+        # same tile on 2 0.86-0.97 (figures/rope2d_gathered_h200.json, "after w2").
         cfg["whole_rows"] = True
+        cfg["num_warps"] = min(2, cfg["num_warps"])
     # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
