@@ -674,6 +674,14 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       by up to 0.5%, 1.7% in place).
       bshd rows of more than BSHD_WHOLE_ROW_MAX_BYTES (head_dim 256) keep the pairs: their
       whole-row backward is slow on the 2-D tiles (see there).
+    - ``gather`` (``GATHERED_PARTNERS``): half-split pairs with rotary_dim not a multiple of 16
+      (rotary_percent 0.25 on heads of 80 or 96: 20 or 24 channels), in every dtype, format and
+      in the interpreter: whole rows cut at the rotary block, the partners gathered in registers
+      (the kernel's ``GATHER``), on this tile on at most 2 warps. On an H200
+      (figures/rope2d_gathered_h200.json, 3 shuffled rounds, bf16 unless said) the pairs, every
+      element alone, ran at 0.485-0.779 of copy, these plans on the tile's 4 warps at
+      0.659-0.929 and on 2 at 0.716-0.966 (sbhd 20 of 80 0.541 -> 0.924 forward, 0.548 -> 0.923
+      backward; thd's backward the lowest, 0.545 -> 0.716); the same bits.
       ``WHOLE_ROWS = True`` takes whole rows on twice the tile's warps (at most 8): 1.002-1.016
       of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200 (below 0.97 at 22
       of 32 points; the full benchmark with it lost up to 18% there), so it is off. A

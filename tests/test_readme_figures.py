@@ -281,3 +281,32 @@ def test_head_counts_recording_is_quoted_as_recorded(name, marker, left_alone):
         cell = table[shape][modes.index(mode)]
         assert cell == f"{row['before']:.3f} -> {row['rule']:.3f}", (key, cell)
     assert sum(cell != "" for cells in table.values() for cell in cells) == len(changed)
+
+
+def test_rope2d_gathered_recording_is_quoted_as_recorded():
+    """figures/rope2d_gathered_h200.json (scripts/rope2d_gathered.py): the same bits at every call,
+    the controls (no gather) at the speed before, and the 2-warp plans (the rule) ahead of the
+    4-warp ones at every sbhd and bshd call; docs/performance_notes.md's table has every gathered
+    shape's forward / backward fractions (before, 4 warps, 2 warps) as the file has them, and the
+    README and the notes quote the ranges before and with the rule."""
+    rows = json.loads((FIGURES / "rope2d_gathered_h200.json").read_text())["rows"]
+    assert all(all(row["same_bits"].values()) for row in rows)
+    gathered = [row for row in rows if row["gathered"]]
+    assert gathered and all(0.99 <= row["after_over_before"] <= 1.01
+                            for row in rows if not row["gathered"])
+    for row in gathered:
+        if not row["shape"].startswith("thd"):
+            assert row["of_copy"]["after w2"] > row["of_copy"]["after"], row["shape"]
+    table = [line for line in NOTES[NOTES.index("`figures/rope2d_gathered_h200.json`"):]
+             .splitlines() if line.startswith("| ")]
+    by_shape = {}
+    for row in gathered:
+        by_shape.setdefault(row["shape"], {})[row["direction"]] = row["of_copy"]
+    for shape, directions in by_shape.items():
+        cells = [f"{directions['forward'][k]:.3f} / {directions['backward'][k]:.3f}"
+                 for k in ("before", "after", "after w2")]
+        assert any(all(cell in line for cell in cells) for line in table), (shape, cells)
+    for key, text in (("before", "0.485-0.779"), ("after w2", "0.716-0.966")):
+        values = [row["of_copy"][key] for row in gathered]
+        assert f"{min(values):.3f}-{max(values):.3f}" == text
+        assert text in README and text in NOTES, text

@@ -58,13 +58,16 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
       backward's partner sines in registers (``gather_sines``) where ``rotary_dim`` is a power
       of two. Interleaved pairs, fp32, narrower rows and, by default, bshd rows of more than
       256 B keep the pairs;
+    * half-split pairs whose rotary_dim is not a multiple of 16 (20 of 80, say) move as whole
+      rows cut at the rotary block, the partners gathered in registers (``gather``), on at most 2
+      warps, in every dtype, on a GPU and in the interpreter;
     * in the interpreter (``sm_count=None``) the tile holds up to 16384 channels.
 
     ``sm_count`` only says "GPU or not" now (the heuristic no longer depends on the SM count).
 
     Returns ``(grid, config)``: ``grid`` = ``(programs, 1, 1)`` (a 1-D grid), ``config`` a dict with
-    ``block_s``, ``block_b``, ``block_h``, ``group_b``, ``num_warps``, ``whole_rows`` and
-    ``gather_sines``.
+    ``block_s``, ``block_b``, ``block_h``, ``group_b``, ``num_warps``, ``whole_rows``,
+    ``gather_sines`` and ``gather``.
     """
     if tensor_format == "sbhd":
         seq_rows, batch, heads, d = shape
@@ -118,11 +121,17 @@ def launch_plan(shape, tensor_format: str = "sbhd", rotary_dim: Optional[int] = 
         rows_fit = False  # longer bshd rows keep the pairs (their whole-row backward is slow)
     if rows_fit and whole_rows:  # the opt-in: twice the warps
         num_warps = min(8, 2 * num_warps)
+    # rotary_dim not a multiple of 16 (half-split pairs): whole rows cut at the rotary block, the
+    # partners gathered in registers, on at most 2 warps, in every dtype and the interpreter
+    partners = not interleaved and rotary_dim < d and rotary_dim % 16 != 0
+    if partners:
+        rows_fit = True
+        num_warps = min(2, num_warps)
     # bshd tiles of 4 positions or more gather the backward's partner sines in registers
     gather = (rows_fit and tensor_format == "bshd" and block_s >= 4
               and rotary_dim > 0 and rotary_dim & (rotary_dim - 1) == 0)
     config = dict(block_s=block_s, block_b=block_b, block_h=block_h, group_b=group_b,
-                  num_warps=num_warps, whole_rows=rows_fit, gather_sines=gather)
+                  num_warps=num_warps, whole_rows=rows_fit, gather_sines=gather, gather=partners)
     group = min(group_b, b_blocks)
     programs = _cdiv(seq_rows, block_s) * _cdiv(heads, block_h) * _cdiv(b_blocks, group) * group
     return (programs, 1, 1), config
