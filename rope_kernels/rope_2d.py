@@ -685,7 +685,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       ``WHOLE_ROWS = True`` takes whole rows on twice the tile's warps (at most 8): 1.002-1.016
       of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200 (below 0.97 at 22
       of 32 points; the full benchmark with it lost up to 18% there), so it is off. A
-      ``config`` with ``whole_rows`` or ``gather_sines`` chooses per call.
+      ``config`` with ``whole_rows``, ``gather_sines`` or ``gather`` chooses per call.
     On the CPU interpreter, which pays per program, tiles are made as large as 16K elements.
     """
     on_gpu = device.type == "cuda"
@@ -1111,7 +1111,9 @@ def rope_2d(
             channels' partners loaded again from L1; by default on a GPU for 16-bit rows of
             256 B or more, see ``default_config``) and ``gather_sines`` (whole rows, backward,
             power-of-two rotary_dim: the partners' sines gathered in registers, not computed
-            again; by default in bshd tiles of 4 positions or more).
+            again; by default in bshd tiles of 4 positions or more) and ``gather`` (with whole
+            rows and part of the head rotated: the rows cut at the rotary block, the partners
+            gathered in registers; by default where rotary_dim is not a multiple of 16).
             With ``start_positions`` (sbhd/bshd) ``block_b`` is 1: each batch element has its
             own angles.
 
