@@ -938,13 +938,9 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on
     2 x 8; at 24 of 128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K
     elements."""
-    width = _next_pow2(head_dim)
     if not on_gpu:
-        rows = max(1, 16384 // width)
-        block_h = _head_block(q_heads, k_heads, rows)
-        block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)))
-        return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
-                    whole_rows=True, gather=True)
+        return dict(_interpreter_whole_rows(seq_len, q_heads, k_heads, _next_pow2(head_dim)),
+                    gather=True)
     if transposed:
         rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
     else:
@@ -1048,17 +1044,22 @@ def _head_count_tile(q_heads: int, k_heads: int, head_dim: int, angles: int) -> 
     return None
 
 
+def _interpreter_whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int) -> dict:
+    """Whole rows of ``width`` channels in the interpreter, which pays per program: tiles of up
+    to 16K elements, heads first (``_whole_rows``, ``_gathered_tile``)."""
+    rows = max(1, 16384 // width)
+    block_h = _head_block(q_heads, k_heads, rows)
+    block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)))
+    return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False, whole_rows=True)
+
+
 def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, on_gpu: bool,
                 angles: int) -> dict:
     """Tiles of whole rows (``ROW``: each row loaded once, its channels' partners again from
     L1, one store): 8 heads x as many tokens as fill 4 KB of input on 4 warps (8 KB for the
     cos/sin cache), one head block per program. See ``default_config``."""
-    if not on_gpu:  # the interpreter pays per program: big tiles
-        rows = max(1, 16384 // width)
-        block_h = _head_block(q_heads, k_heads, rows)
-        block_s = min(_next_pow2(max(1, seq_len)), _floor_pow2(max(1, rows // block_h)))
-        return dict(block_s=block_s, block_h=block_h, num_warps=4, all_heads=False,
-                    whole_rows=True)
+    if not on_gpu:
+        return _interpreter_whole_rows(seq_len, q_heads, k_heads, width)
     tile = 8192 if angles == ANGLES["cache"] else 4096
     block_h = min(8, _next_pow2(max(1, q_heads)))
     block_s = min(_next_pow2(max(1, seq_len)), max(1, tile // (row * block_h)))

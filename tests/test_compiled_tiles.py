@@ -288,6 +288,21 @@ def global_accesses(sass: str, op: str = "LDG") -> list:
     return re.findall(rf"\b{op}\.E[.\w]*", sass)
 
 
+def streamed_accesses(sass: str) -> tuple:
+    """(stores, loads) of disassembled SASS (``global_accesses``) but the loads of tables read
+    ``evict_last`` (the cos/sin rows, the angle table): those of q, k or x, and of positions."""
+    return global_accesses(sass, "STG"), [op for op in global_accesses(sass) if ".EL" not in op]
+
+
+def assert_gathered_in_vectors(sass: str):
+    """With the partners gathered (``GATHER``): no 2-byte load or store of the streamed tensors,
+    16-byte ones among them, and the partners moved between threads (SHFL.IDX)."""
+    stores, loads = streamed_accesses(sass)
+    assert not {"STG.E.U16", "LDG.E.U16"} & set(stores + loads), (stores, loads)
+    assert "STG.E.128" in stores and "LDG.E.128" in loads, (stores, loads)
+    assert "SHFL.IDX" in sass
+
+
 def sass_loads(compiled) -> list:
     """The global loads of a compiled kernel's SASS (``cuobjdump -sass``), in program order."""
     return global_accesses(cuobjdump(compiled, "-sass"))
@@ -346,13 +361,10 @@ def test_gathered_partners_move_q_and_k_in_vectors(compiled_modules, call, gathe
     launch = plan, _ = pythia_launch(qk, call == "hf")
     assert plan.constexprs["GATHER"] == gathered
     sass = cuobjdump(compile_qk(qk, launch), "-sass")
-    stores = global_accesses(sass, "STG")
-    loads = [op for op in global_accesses(sass) if ".EL" not in op]  # (not the cos/sin rows)
     if gathered:
-        assert not {"STG.E.U16", "LDG.E.U16"} & set(stores + loads), (stores, loads)
-        assert "STG.E.128" in stores and "LDG.E.128" in loads, (stores, loads)
-        assert "SHFL.IDX" in sass
+        assert_gathered_in_vectors(sass)
     else:
+        stores, loads = streamed_accesses(sass)
         assert set(stores) == {"STG.E.U16"} and "LDG.E.128" not in loads, (stores, loads)
 
 
@@ -378,12 +390,10 @@ def test_rope_2d_gathered_partners_move_x_in_vectors(compiled_modules, fmt, gath
     assert plan.constexprs["TOKEN_ROWS"] == (fmt == "thd")
     sass = cuobjdump(compile_rope_2d(r2, plan, torch.bfloat16), "-sass")
     r2._config.cache_clear()
-    stores = global_accesses(sass, "STG")
-    loads = [op for op in global_accesses(sass) if ".EL" not in op]  # (not the angle table)
     if gathered:
-        assert not {"STG.E.U16", "LDG.E.U16"} & set(stores + loads), (stores, loads)
-        assert "STG.E.128" in stores and "LDG.E.128" in loads and "SHFL.IDX" in sass
+        assert_gathered_in_vectors(sass)
     else:
+        stores, loads = streamed_accesses(sass)
         assert set(stores) == {"STG.E.U16"} and "LDG.E.U16" in loads, (stores, loads)
 
 
