@@ -49,6 +49,7 @@ On a machine without a GPU set ``TRITON_INTERPRET=1`` before importing this file
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional, Sequence
 
@@ -640,7 +641,14 @@ def rope_qk_kernel(
     # With ROW: the partners of the rotated channels taken from the row in registers (tl.gather);
     # ROW is then the rotary block, a power of two >= rotary_dim, and PASS the channels after it.
     GATHER: tl.constexpr,
+    # rotary_dim and head_dim are multiples of CHANNEL_MULTIPLE (1, 2, 4 or 8).
+    CHANNEL_MULTIPLE: tl.constexpr,
 ):
+    if CHANNEL_MULTIPLE > 1:
+        # Said so that the compiler knows it (of an integer argument it learns only whether it is
+        # a multiple of 16): masks at them then cover whole vectors of 2-8 channels, not one.
+        rotary_dim = rotary_dim // CHANNEL_MULTIPLE * CHANNEL_MULTIPLE
+        head_dim = head_dim // CHANNEL_MULTIPLE * CHANNEL_MULTIPLE
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
     # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
@@ -876,6 +884,12 @@ HEAD_COUNT_TILES = True
 # channel's partner taken from the row in registers (``GATHER`` in the kernel;
 # ``_gathered_partners``).
 GATHERED_PARTNERS = True
+# In place with such a rotary_dim (vLLM's in-place calls for GPT-NeoX models): the narrowed heads'
+# rows as one rotary block, the partners gathered, stores masked at rotary_dim (``_gathered_partners``).
+IN_PLACE_GATHER = True
+# The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
+# they are not multiples of 16 (``CHANNEL_MULTIPLE``): masks at them then cover whole vectors.
+CHANNEL_MULTIPLES = True
 # Tiles of models' shapes the rules below fit badly, from probes of 24 models' shapes (H200,
 # 3 shuffled rounds; see default_config): few k heads with q over 4 KB (FEW_K_HEAD_TILES), rows
 # padded to a power of two in Hugging Face's partial rotary (PADDED_TRANSPOSED_PAIRS), and the
@@ -902,7 +916,7 @@ def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
 
 
 def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bool, words: bool,
-                       angles: int) -> bool:
+                       angles: int, narrowed: bool = False) -> bool:
     """Whether a call takes whole rows with the partners gathered in registers
     (``GATHERED_PARTNERS``, the kernel's ``GATHER``): half-split pairs of the cos/sin cache or
     Hugging Face's tables (``angles`` as ``default_config`` takes them) with part of the head
@@ -922,13 +936,14 @@ def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bo
     0.814 -> 0.916 / 0.956. Recorded with ``_gathered_tile``'s tiles against 7b5d384
     (figures/qk_gathered_partners_h200.json, 5 rounds): 24 calls 1.100-1.892 times the speed,
     Hugging Face's call at 0.915-0.948 of copy, the cache's at 0.956-0.979."""
-    return (GATHERED_PARTNERS and rotary_dim is not None and rotary_dim < head_dim
+    return (GATHERED_PARTNERS and rotary_dim is not None
+            and (rotary_dim < head_dim or (narrowed and IN_PLACE_GATHER))
             and rotary_dim % 16 != 0 and not interleaved and not words
             and angles in (ANGLES["cache"], ANGLES["cos_sin"]))
 
 
 def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
-                   on_gpu: bool, transposed: bool) -> dict:
+                   on_gpu: bool, transposed: bool, narrowed: bool = False) -> dict:
     """The tile of a ``_gathered_partners`` call, on 2 warps: where the results are transposed
     against the inputs (Hugging Face's views), 4 tokens x 4 heads (``TRANSPOSED_TILE``); else
     32 rows of up to 192 B (4 tokens x 8 heads: Pythia's 80 channels, GPT-NeoX 20B's 96 in
@@ -937,10 +952,23 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on 4 x 8 on
     4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on
     2 x 8; at 24 of 128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K
-    elements."""
+    elements.
+
+    In place (``narrowed``: ``head_dim`` is rotary_dim, rows of the rotated channels only, each
+    a few dozen bytes with the rest of the head between them): 4 tokens x 4 heads on 2 warps,
+    k's blocks of 4 heads too where k has fewer. In a probe of 16 tiles (H200, 3 shuffled rounds,
+    bf16, fp16 and float32, the cache's and Hugging Face's in-place calls at 20 of 80, 24 of 96,
+    24 of 128 and 40 of 160 channels) it was the best on average, 1.4 points of copy from the
+    best at each call on average and 4.5 at most (float32 Hugging Face's call at 20 of 80, 0.410
+    against 0.456 on 2 x 4); the 32-row tile above lost up to 6.3 points, and with 2 k heads
+    its 16 x 2 (k's head count sizing every block) 5.9."""
     if not on_gpu:
         return dict(_interpreter_whole_rows(seq_len, q_heads, k_heads, _next_pow2(head_dim)),
                     gather=True)
+    if narrowed:
+        return dict(block_s=min(_next_pow2(max(1, seq_len)), 4),
+                    block_h=min(4, _next_pow2(max(q_heads, k_heads))), num_warps=2,
+                    all_heads=False, whole_rows=True, gather=True)
     if transposed:
         rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
     else:
@@ -1215,6 +1243,9 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     Llama's (2): see ``_tile_angles``."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if _gathered_partners(head_dim, rotary_dim, interleaved, words, angles, narrowed):
+        return _gathered_tile(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
+                              transposed, narrowed)
     if (NARROWED_ROWS and on_gpu and narrowed and not interleaved and element_size == 4
             and min(q_heads, k_heads) >= 8 and width in (32, 64)):
         return dict(block_s=1 if width == 64 else 2, block_h=8, num_warps=2, all_heads=False,
@@ -1277,9 +1308,6 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 return dict(block_s=min(block_s, _next_pow2(max(1, seq_len))), block_h=block_h,
                             num_warps=num_warps, all_heads=False)
         interleaved = False
-    if _gathered_partners(head_dim, rotary_dim, interleaved, words, angles):
-        return _gathered_tile(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
-                              transposed)
     if WHOLE_ROWS and not interleaved and element_size == 2 and row >= 256:
         return _whole_rows(seq_len, q_heads, k_heads, width, row, on_gpu, angles)
     if (FEW_K_HEAD_TILES and on_gpu and element_size == 2 and not interleaved and not words
@@ -1476,7 +1504,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
                             and _next_pow2(head_dim) * element_size >= 256)
     whole_rows = bool(cfg.get("whole_rows")) and not interleaved
     # Whole rows with the partners gathered in registers: the rows cut at the rotary block.
-    gather = whole_rows and bool(cfg.get("gather")) and rotary_dim < head_dim
+    gather = whole_rows and bool(cfg.get("gather")) and (rotary_dim < head_dim or narrowed)
     rotary_block = max(16, _next_pow2(rotary_dim))  # (GATHER's row: 16 channels or more)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
@@ -1523,8 +1551,20 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         V_WIDTH=_next_pow2(v_dim) if v is not None else 0,
         ROW=rotary_block if gather else _next_pow2(head_dim) if whole_rows else 0,
         GATHER=gather,
+        CHANNEL_MULTIPLE=_channel_multiple(rotary_dim, head_dim, gather),
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
+
+
+def _channel_multiple(rotary_dim: int, head_dim: int, gather: bool) -> int:
+    """The kernel's ``CHANNEL_MULTIPLE``: the largest power of two up to 8 that divides rotary_dim
+    and head_dim, where a load or store of q or k stops at one that is not a multiple of 16
+    (Triton knows those); else 1. The pairs' tiles stop at rotary_dim / 2, rotary_dim and
+    head_dim; GATHER's whole rows only at head_dim (rotary_dim is used in registers)."""
+    both = math.gcd(rotary_dim, head_dim)
+    if not CHANNEL_MULTIPLES or both % 16 == 0 or (gather and head_dim % 16 == 0):
+        return 1
+    return min(8, both & -both)
 
 
 def _tile_angles(angles: int, interleaved: bool) -> int:
