@@ -276,6 +276,13 @@ class Problem:
         # Table rows actually read: every row up to the longest sequence.
         return 2 * self.t.numel() * self.t.element_size() + self.max_len * self.rotary_dim * 4
 
+    @property
+    def rotated_nbytes(self) -> int:
+        """The rotated channels read and written once + the table rows: what an in-place call
+        that leaves the rest where it is moves (``moved_bytes``)."""
+        return (2 * self.t.numel() // self.head_dim * self.rotary_dim * self.t.element_size()
+                + self.max_len * self.rotary_dim * 4)
+
     def kwargs(self) -> dict:
         return dict(tensor_format=self.tensor_format, interleaved=self.interleaved,
                     cu_seqlens=self.cu_seqlens)

@@ -21,6 +21,7 @@ On a machine without a GPU set ``TRITON_INTERPRET=1`` before importing this file
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Optional
 
@@ -386,7 +387,14 @@ def rope_2d_kernel(
     # With ROW: the partners of the rotated channels taken from the row in registers (tl.gather);
     # ROW is then the rotary block, a power of two >= rotary_dim, and PASS the channels after it.
     GATHER: tl.constexpr,
+    # rotary_dim and head_dim are multiples of CHANNEL_MULTIPLE (2, 4 or 8; 0: nothing told).
+    CHANNEL_MULTIPLE: tl.constexpr,
 ):
+    if CHANNEL_MULTIPLE > 1:
+        # Said so that the compiler knows it (of an integer argument it learns only whether it is
+        # a multiple of 16): masks at them then cover whole vectors of 2-8 channels, not one.
+        rotary_dim = rotary_dim // CHANNEL_MULTIPLE * CHANNEL_MULTIPLE
+        head_dim = head_dim // CHANNEL_MULTIPLE * CHANNEL_MULTIPLE
     # One program: BLOCK_S positions x BLOCK_B batch elements x BLOCK_H heads, on a 1-D grid.
     pid = tl.program_id(0)
     # Program order: batch blocks fastest, within groups of `group_b` of them; then head blocks,
@@ -714,13 +722,20 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
                                       and head_dim * element_size > BSHD_WHOLE_ROW_MAX_BYTES))
     # rotary_dim not a multiple of 16, half-split pairs: whole rows cut at the rotary block, the
     # partners gathered in registers (GATHERED_PARTNERS), in every dtype and the interpreter.
-    cfg["gather"] = (GATHERED_PARTNERS and not interleaved and rotary_dim < head_dim
-                     and rotary_dim % 16 != 0)
+    cfg["gather"] = (GATHERED_PARTNERS and not interleaved and rotary_dim % 16 != 0
+                     and (rotary_dim < head_dim or (in_place and IN_PLACE_GATHER)))
     if cfg["gather"]:
         # On 2 warps at most: the pairs' tile on 4 warps ran 0.66-0.89 of copy in bf16 and the
         # same tile on 2 0.86-0.97 (figures/rope2d_gathered_h200.json, "after w2").
         cfg["whole_rows"] = True
         cfg["num_warps"] = min(2, cfg["num_warps"])
+        if in_place and rotary_dim == head_dim and on_gpu:
+            # In place, the heads narrowed to their rotated channels (runs of 40-80 B): 16 rows,
+            # 2 positions x 8 heads, on 2 warps (IN_PLACE_GATHER). The tiles sized for the
+            # narrowed heads held 32-128 such rows and ran at 0.18-0.41 of copy counting the
+            # bytes moved; these 0.31-0.44 (see IN_PLACE_GATHER).
+            cfg.update(block_s=min(2, _next_pow2(max(1, seq_rows))), block_b=1,
+                       block_h=min(8, _next_pow2(max(1, heads))), num_warps=2)
     # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
@@ -754,6 +769,12 @@ GATHER_SINES_POSITIONS = 4
 # the rotary block and the rest, the partners gathered from the block in registers (as rope_qk's
 # GATHERED_PARTNERS).
 GATHERED_PARTNERS = True
+# In place with such a rotary_dim (``out`` is ``t``: the heads narrowed to rotary_dim, the rest
+# left where it is): the narrowed rows gathered too, masked at rotary_dim.
+IN_PLACE_GATHER = True
+# The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
+# a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``).
+CHANNEL_MULTIPLES = True
 # bshd rows longer than this (head_dim 256 in 16-bit) keep the pairs. On the 2-D tiles (5a5ea57)
 # their whole-row backward ran at 0.80-0.81 of copy on an H200 with the sines gathered, 0.93
 # computing them again, against 0.935 / 0.978 for the pairs (16 / 32 heads; the 3-D tiles'
@@ -979,6 +1000,19 @@ def _wait_first(n_tokens: int, n_seqs: int, row_bytes: int, element_size: int) -
             and n_tokens >= WAIT_FIRST_MEAN_TOKENS * max(1, n_seqs))
 
 
+def _channel_multiple(rotary_dim: int, head_dim: int, gather: bool) -> int:
+    """The kernel's ``CHANNEL_MULTIPLE``: the largest power of two up to 8 that divides rotary_dim
+    and head_dim, where a load or store of x stops at one that is not a multiple of 16 (Triton
+    knows those); else 0 (nothing to tell: also where that power is 1). The pairs' tiles stop at
+    rotary_dim / 2, rotary_dim and head_dim; GATHER's whole rows only at head_dim (rotary_dim is
+    used in registers). (rope_qk's twin: each kernel file stands alone.)"""
+    both = math.gcd(rotary_dim, head_dim)
+    if not CHANNEL_MULTIPLES or both % 16 == 0 or (gather and head_dim % 16 == 0):
+        return 0
+    multiple = min(8, both & -both)
+    return multiple if multiple > 1 else 0
+
+
 def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interleaved, cp_size,
                cp_rank, backward, config, pairs_as_words=False) -> Plan:
     (seq_rows, batch, heads, head_dim), x_strides = _canonical(t, tensor_format)
@@ -1021,7 +1055,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
     # Whole rows: half-split pairs only (interleaved pairs have their own loads); with ``gather``
     # (part of the head rotated) cut at the rotary block, the partners gathered in registers.
     whole_rows = bool(cfg["whole_rows"]) and not interleaved
-    gather = whole_rows and bool(cfg["gather"]) and rotary_dim < head_dim
+    gather = whole_rows and bool(cfg["gather"]) and (rotary_dim < head_dim or out is t)
     rotary_block = max(16, _next_pow2(rotary_dim))
     if start_positions is not None and not is_thd:
         cfg["block_b"] = 1  # per-sequence start positions: each batch element its own angles
@@ -1069,6 +1103,7 @@ def _make_plan(t, freqs, out, tensor_format, cu_seqlens, start_positions, interl
         GATHER_SINES=(rotary_dim if whole_rows and backward and cfg["gather_sines"]
                       and _is_pow2(rotary_dim) else 0),
         GATHER=gather,
+        CHANNEL_MULTIPLE=_channel_multiple(rotary_dim, head_dim, gather),
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"], dict(launch_pdl=True) if pdl else None)
 

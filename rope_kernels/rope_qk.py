@@ -641,7 +641,7 @@ def rope_qk_kernel(
     # With ROW: the partners of the rotated channels taken from the row in registers (tl.gather);
     # ROW is then the rotary block, a power of two >= rotary_dim, and PASS the channels after it.
     GATHER: tl.constexpr,
-    # rotary_dim and head_dim are multiples of CHANNEL_MULTIPLE (1, 2, 4 or 8).
+    # rotary_dim and head_dim are multiples of CHANNEL_MULTIPLE (2, 4 or 8; 0: nothing told).
     CHANNEL_MULTIPLE: tl.constexpr,
 ):
     if CHANNEL_MULTIPLE > 1:
@@ -1559,12 +1559,14 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
 def _channel_multiple(rotary_dim: int, head_dim: int, gather: bool) -> int:
     """The kernel's ``CHANNEL_MULTIPLE``: the largest power of two up to 8 that divides rotary_dim
     and head_dim, where a load or store of q or k stops at one that is not a multiple of 16
-    (Triton knows those); else 1. The pairs' tiles stop at rotary_dim / 2, rotary_dim and
-    head_dim; GATHER's whole rows only at head_dim (rotary_dim is used in registers)."""
+    (Triton knows those); else 0 (nothing to tell: also where that power is 1). The pairs' tiles
+    stop at rotary_dim / 2, rotary_dim and head_dim; GATHER's whole rows only at head_dim
+    (rotary_dim is used in registers)."""
     both = math.gcd(rotary_dim, head_dim)
     if not CHANNEL_MULTIPLES or both % 16 == 0 or (gather and head_dim % 16 == 0):
-        return 1
-    return min(8, both & -both)
+        return 0
+    multiple = min(8, both & -both)
+    return multiple if multiple > 1 else 0
 
 
 def _tile_angles(angles: int, interleaved: bool) -> int:

@@ -225,13 +225,16 @@ def test_fused_qkv_whole_rows_registers(compiled_modules):
 
 
 def rope_2d_gpu_plan(r2, t, freqs, tensor_format, cu_seqlens=None, backward=False, config=None,
-                     interleaved=False, words=False):
+                     interleaved=False, words=False, in_place=False):
     """rope_2d's plan for meta tensors as for tensors on a GPU (default_config told a CUDA
-    device)."""
+    device); ``in_place``: as ``rope_2d`` plans ``out=t``, on t narrowed to rotary_dim."""
     real = r2.default_config
+    out = torch.empty_like(t)
+    if in_place:
+        t = out = t[..., :freqs.shape[-1]]
     try:
         r2.default_config = lambda *a, **k: real(*a[:5], torch.device("cuda"), *a[6:], **k)
-        return r2._make_plan(t, freqs, torch.empty_like(t), tensor_format, cu_seqlens, None,
+        return r2._make_plan(t, freqs, out, tensor_format, cu_seqlens, None,
                              interleaved, 1, 0, backward, config, words)
     finally:
         r2.default_config = real
@@ -343,9 +346,9 @@ def pythia_launch(qk, hf: bool, dtype=torch.bfloat16):
     return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, q, head_dim, cache, True))
 
 
-@pytest.mark.parametrize("gathered", [True, False])
+@pytest.mark.parametrize("gathered,told", [(True, True), (False, False), (False, True)])
 @pytest.mark.parametrize("call", ["hf", "cache"])
-def test_gathered_partners_move_q_and_k_in_vectors(compiled_modules, call, gathered,
+def test_gathered_partners_move_q_and_k_in_vectors(compiled_modules, call, gathered, told,
                                                    monkeypatch):
     """With rotary_dim 20 the compiler cannot prove the pairs' second half (channel 10) or the
     channels past rotary_dim (from byte 40 of the row) aligned, and the pairs' tiles move every
@@ -354,30 +357,89 @@ def test_gathered_partners_move_q_and_k_in_vectors(compiled_modules, call, gathe
     rotary block and the rest, in 8- or 16-byte vectors, and the partners come from registers
     (SHFL): no load or store of q or k is 2 bytes wide. (The cos/sin rows, read ``evict_last``,
     are a few elements a token and stay per element.) Read on Triton 3.8.0; the cause, integer
-    arguments specialized on their divisibility by 16 and no finer, is the same from 3.6 to 3.9."""
+    arguments specialized on their divisibility by 16 and no finer, is the same from 3.6 to 3.9.
+    The pairs' tiles told that rotary_dim is a multiple of 4 (``CHANNEL_MULTIPLES``, which the
+    gathered rows do not need here) move 4 and 8 bytes at a time, none 16."""
     qk = compiled_modules["rope_qk"]
     monkeypatch.setattr(qk, "GATHERED_PARTNERS", gathered)
+    monkeypatch.setattr(qk, "CHANNEL_MULTIPLES", told)
     monkeypatch.setattr(qk, "_PLANS", {})
     launch = plan, _ = pythia_launch(qk, call == "hf")
     assert plan.constexprs["GATHER"] == gathered
+    assert plan.constexprs["CHANNEL_MULTIPLE"] == (4 if told and not gathered else 0)
     sass = cuobjdump(compile_qk(qk, launch), "-sass")
+    stores, loads = streamed_accesses(sass)
     if gathered:
         assert_gathered_in_vectors(sass)
+    elif told:
+        assert set(stores) == {"STG.E", "STG.E.64"} and "LDG.E.U16" not in loads, (stores, loads)
     else:
-        stores, loads = streamed_accesses(sass)
         assert set(stores) == {"STG.E.U16"} and "LDG.E.128" not in loads, (stores, loads)
 
 
+def in_place_launch(qk, hf: bool, head_dim: int, rotary_dim: int, dtype=torch.bfloat16):
+    """The launch of an in-place call with ``rotary_dim`` of ``head_dim`` channels rotated (32
+    heads of q and of k, 4096 tokens): Hugging Face's on [b, h, s, d] views, or the cos/sin
+    cache's (vLLM's in-place call)."""
+    tokens, heads = 4096, 32
+    if hf:
+        q, k = (meta(4, 1024, heads, head_dim, dtype=dtype).transpose(1, 2) for _ in "qk")
+        cos = meta(1, 1024, rotary_dim, dtype=dtype)
+        return gpu_launch(qk, lambda: qk.rope_cos_sin(q, k, cos, cos, q_out=q, k_out=k))
+    q, k = (meta(tokens, heads * head_dim, dtype=dtype) for _ in "qk")
+    positions = meta(tokens, dtype=torch.int64)
+    cache = meta(8192, rotary_dim, dtype=torch.float32)
+    return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, head_dim, cache, True,
+                                                        query_out=q, key_out=k))
+
+
 @pytest.mark.parametrize("gathered", [True, False])
+@pytest.mark.parametrize("head_dim,rotary_dim,store", [(80, 20, "STG.E.64"),
+                                                       (96, 24, "STG.E.128")])
+@pytest.mark.parametrize("call", ["hf", "cache"])
+def test_in_place_unaligned_rotary_moves_q_and_k_in_vectors(compiled_modules, call, head_dim,
+                                                           rotary_dim, store, gathered,
+                                                           monkeypatch):
+    """In place, only the first rotary_dim channels of each head are read and written: runs of
+    40 or 48 bytes. Without ``IN_PLACE_GATHER`` and ``CHANNEL_MULTIPLES`` each element of them
+    moved with a 2-byte load and store (STG.E.U16; 0.13-0.16 of copy on an H200, counting the
+    bytes moved): the compiler knew neither rotary_dim / 2 nor rotary_dim to be a multiple of a
+    vector. With them, the runs are whole rows masked at rotary_dim, a multiple of 4 (8) the
+    kernel is told of: every store of q and k 8 (16) bytes wide, the partners from registers
+    (SHFL)."""
+    qk = compiled_modules["rope_qk"]
+    monkeypatch.setattr(qk, "IN_PLACE_GATHER", gathered)
+    monkeypatch.setattr(qk, "CHANNEL_MULTIPLES", gathered)
+    monkeypatch.setattr(qk, "_PLANS", {})
+    launch = plan, _ = in_place_launch(qk, call == "hf", head_dim, rotary_dim)
+    assert plan.constexprs["GATHER"] == gathered
+    assert plan.scalars[7:9] == (rotary_dim, rotary_dim)  # the heads narrowed to rotary_dim
+    sass = cuobjdump(compile_qk(qk, launch), "-sass")
+    stores, loads = streamed_accesses(sass)
+    if gathered:
+        assert set(stores) == {store} and "LDG.E.U16" not in loads, (stores, loads)
+        assert "SHFL.IDX" in sass
+    else:
+        assert set(stores) == {"STG.E.U16"} and "LDG.E.U16" in loads, (stores, loads)
+
+
+@pytest.mark.parametrize("gathered,told,in_place", [
+    (True, True, False), (False, False, False), (False, True, False), (True, True, True),
+    (False, False, True)])
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd", "thd"])
-def test_rope_2d_gathered_partners_move_x_in_vectors(compiled_modules, fmt, gathered,
-                                                     monkeypatch):
+def test_rope_2d_gathered_partners_move_x_in_vectors(compiled_modules, fmt, gathered, told,
+                                                     in_place, monkeypatch):
     """rope_2d with 20 of 80 channels rotated (TransformerEngine's rotary_percent 0.25 on heads of
     80, bf16, forward): without ``GATHERED_PARTNERS`` every load and store of x is a 2-byte one
     (LDG.E.U16, STG.E.U16); with it (``GATHER``) none is: the rotary block and the rest move in
-    16-byte vectors and the partners between threads (SHFL.IDX). Read on Triton 3.8.0."""
+    16-byte vectors and the partners between threads (SHFL.IDX). Read on Triton 3.8.0. The
+    pairs' tile told that rotary_dim is a multiple of 4 (``CHANNEL_MULTIPLES``) moves 4 and 8
+    bytes at a time. In place (``out=t``: the heads narrowed to their 20 rotated channels, 40 B
+    runs) the gathered rows, masked at rotary_dim, store 8 bytes at a time (``IN_PLACE_GATHER``
+    and ``CHANNEL_MULTIPLES``); without them, 2."""
     r2 = compiled_modules["rope_2d"]
-    monkeypatch.setattr(r2, "GATHERED_PARTNERS", gathered)
+    monkeypatch.setattr(r2, "GATHERED_PARTNERS" if not in_place else "IN_PLACE_GATHER", gathered)
+    monkeypatch.setattr(r2, "CHANNEL_MULTIPLES", told)
     r2._config.cache_clear()
     shape = {"sbhd": (4096, 16, 32, 80), "bshd": (16, 4096, 32, 80), "thd": (65536, 32, 80)}[fmt]
     x = torch.empty(*shape, device="meta", dtype=torch.bfloat16)
@@ -385,15 +447,22 @@ def test_rope_2d_gathered_partners_move_x_in_vectors(compiled_modules, fmt, gath
     # thd in 4096 sequences: the tiles read the pre-pass's token rows (a tile that counts the
     # boundaries calls Triton's own @jit helpers, which do not compile with the interpreter on)
     cu_seqlens = torch.empty(4097, device="meta", dtype=torch.int32) if fmt == "thd" else None
-    plan = rope_2d_gpu_plan(r2, x, freqs, fmt, cu_seqlens, config={"fast_trig": True, "pdl": False})
+    plan = rope_2d_gpu_plan(r2, x, freqs, fmt, cu_seqlens, config={"fast_trig": True, "pdl": False},
+                            in_place=in_place)
     assert plan.constexprs["GATHER"] == gathered
     assert plan.constexprs["TOKEN_ROWS"] == (fmt == "thd")
+    assert plan.constexprs["CHANNEL_MULTIPLE"] == (4 if told and (in_place or not gathered) else 0)
     sass = cuobjdump(compile_rope_2d(r2, plan, torch.bfloat16), "-sass")
     r2._config.cache_clear()
-    if gathered:
+    stores, loads = streamed_accesses(sass)
+    if gathered and in_place:
+        assert set(stores) == {"STG.E.64"} and "LDG.E.U16" not in loads, (stores, loads)
+        assert "SHFL.IDX" in sass
+    elif gathered:
         assert_gathered_in_vectors(sass)
+    elif told:
+        assert set(stores) <= {"STG.E", "STG.E.64"} and "LDG.E.U16" not in loads, (stores, loads)
     else:
-        stores, loads = streamed_accesses(sass)
         assert set(stores) == {"STG.E.U16"} and "LDG.E.U16" in loads, (stores, loads)
 
 

@@ -1069,7 +1069,10 @@ def test_rope_2d_gathered_partners(fmt, dtype, head_dim, rotary_dim, seed, monke
     thd). Forward and backward into NaN-poisoned outputs against the float64 reference and
     autograd through it (a table whose halves differ, so that a partner taken from the wrong
     channel shows), the same bits with the switch off (the pairs' tile), and the backward's
-    partner sines gathered (``gather_sines``, rotary_dim 8, a power of two) or computed again."""
+    partner sines gathered (``gather_sines``, rotary_dim 8, a power of two) or computed again.
+    In place (``out=t``: the heads narrowed to rotary_dim, the rest neither read nor written) the
+    narrowed rows are gathered too (``IN_PLACE_GATHER``: ROW the rotary block, PASS 0, the kernel
+    told of rotary_dim's multiple), the same bits as out of place, with the switch off too."""
     monkeypatch.setattr(r2, "_PLANS", {})
     kw = {}
     if fmt == "thd":
@@ -1103,6 +1106,21 @@ def test_rope_2d_gathered_partners(fmt, dtype, head_dim, rotary_dim, seed, monke
             results[gathered] = out
         assert_rope_close(results[True], want, dtype, f"backward={backward}")
         assert torch.equal(results[True], results[False]), backward
+        monkeypatch.setattr(r2, "GATHERED_PARTNERS", True)
+        for in_place_gather in (True, False):
+            monkeypatch.setattr(r2, "IN_PLACE_GATHER", in_place_gather)
+            r2._config.cache_clear()
+            r2._PLANS.clear()
+            y = x.clone()
+            rope_2d(y, freqs, fmt, backward=backward, out=y, **kw)
+            (plan,) = r2._PLANS.values()
+            c = plan.constexprs
+            assert c["GATHER"] == in_place_gather and plan.scalars[3:5] == (rotary_dim,) * 2, c
+            if in_place_gather:
+                assert (c["ROW"], c["PASS"]) == (block, 0), c
+                assert c["CHANNEL_MULTIPLE"] == min(8, rotary_dim & -rotary_dim), c
+            assert torch.equal(y, results[True]), (backward, in_place_gather)
+        monkeypatch.setattr(r2, "IN_PLACE_GATHER", True)
         for gather_sines in (True, False):
             out = torch.full_like(x, float("nan"))
             rope_2d(x, freqs, fmt, backward=backward, out=out,
@@ -1134,3 +1152,21 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
             assert cfg["num_warps"] == min(2, off["num_warps"]), (args, cfg, off)
     for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (80, 80), (20, 20)):
         assert not r2.default_config(4096, 16, 32, head_dim, rotary_dim, gpu)["gather"]
+    # In place the heads are narrowed to rotary_dim (head_dim is rotary_dim): gathered where it
+    # is not a multiple of 16 (IN_PLACE_GATHER), on a GPU in 2 positions x 8 heads on 2 warps.
+    for rotary_dim, gathered in ((20, True), (24, True), (12, True), (32, False), (64, False)):
+        for fmt, (seq_rows, batch) in (("sbhd", (4096, 16)), ("bshd", (4096, 16)),
+                                       ("thd", (65536, 1))):
+            for device, esize in ((gpu, 2), (gpu, 4), (cpu, 2)):
+                args = (seq_rows, batch, 32, rotary_dim, rotary_dim, device, esize, False, fmt,
+                        True, True, 4096 if fmt == "thd" else None)
+                cfg = r2.default_config(*args)
+                assert cfg["gather"] == gathered, (args, cfg)
+                if gathered and device == gpu:
+                    tile = {k: cfg[k] for k in ("block_s", "block_b", "block_h", "num_warps")}
+                    assert tile == dict(block_s=2, block_b=1, block_h=8, num_warps=2), args
+                monkeypatch.setattr(r2, "IN_PLACE_GATHER", False)
+                r2._config.cache_clear()
+                assert not r2.default_config(*args)["gather"], args
+                monkeypatch.setattr(r2, "IN_PLACE_GATHER", True)
+                r2._config.cache_clear()

@@ -784,21 +784,29 @@ def test_default_config_of_model_shapes(monkeypatch):
     cache's keep their in-place tiles); with interleaved pairs, in place with part of the head
     rotated (the narrowed heads' rules decide), and but for GATHERED_PARTNERS in float32 or on
     the interpreter the switches change nothing (GATHERED_PARTNERS's calls take whole rows with
-    the partners gathered in float32 and in the interpreter too: ``_gathered_tile``);
-    MODEL_SHAPES_LEFT get the same config either way, in place too."""
+    the partners gathered in float32 and in the interpreter too: ``_gathered_tile``; in place,
+    the narrowed heads' rows gathered in 4 x 4 tiles on 2 warps, as before with
+    ``IN_PLACE_GATHER`` off); MODEL_SHAPES_LEFT get the same config either way, in place too."""
     for (switch, *shape), want in MODEL_SHAPE_CASES.items():
         assert _model_shape_config(*shape) == want, (switch, shape)
         monkeypatch.setattr(rope_qk, switch, False)
         assert _model_shape_config(*shape) != want, (switch, shape)
         partial = [dict(in_place=True)] if shape[-1] < shape[-2] else []
-        same = [dict(interleaved=True)] + partial
+        same = [dict(interleaved=True)]
         if switch != "GATHERED_PARTNERS":
-            same += [dict(esize=4), dict(on_gpu=False)]
+            same += [dict(esize=4), dict(on_gpu=False)] + partial
         else:
+            in_place_before = _model_shape_config(*shape, in_place=True)
             monkeypatch.setattr(rope_qk, switch, True)
             for other in (dict(esize=4), dict(on_gpu=False)):
                 got = _model_shape_config(*shape, **other)
                 assert got["whole_rows"] and got["gather"], (shape, other, got)
+            for esize in (2, 4):
+                got = _model_shape_config(*shape, esize=esize, in_place=True)
+                assert got == _gathered(4, 4), (shape, esize, got)
+            monkeypatch.setattr(rope_qk, "IN_PLACE_GATHER", False)
+            assert _model_shape_config(*shape, in_place=True) == in_place_before, shape
+            monkeypatch.setattr(rope_qk, "IN_PLACE_GATHER", True)
             monkeypatch.setattr(rope_qk, switch, False)
         for other in same:
             got_off = _model_shape_config(*shape, **other)
@@ -840,19 +848,29 @@ def test_model_shape_tiles(monkeypatch, case, seed):
                                            dtype=dtype)
         out_of_place = plans[True][0]
         c = out_of_place.constexprs
+        in_place = plans[True][1].constexprs
         if switch == "GATHERED_PARTNERS":
             block = max(16, 1 << (rotary_dim - 1).bit_length())
             assert c["GATHER"] and c["ROW"] == block, c
             assert c["PASS"] == 1 << (head_dim - block - 1).bit_length(), c
             assert not plans[False][0].constexprs["GATHER"]
+            # In place the narrowed heads' rows are the rotary block, masked at rotary_dim, a
+            # multiple of 4 or 8 the kernel is told of; nothing after it.
+            assert in_place["GATHER"] and in_place["ROW"] == block and in_place["PASS"] == 0
+            assert in_place["CHANNEL_MULTIPLE"] == min(8, rotary_dim & -rotary_dim)
+            assert plans[True][1].scalars[7:9] == (rotary_dim, rotary_dim)
+            assert not plans[False][1].constexprs["GATHER"]
         else:
-            assert not c["GATHER"]
+            assert not c["GATHER"] and not in_place["GATHER"]
     if DEVICE == "cuda":
         want_tile = MODEL_SHAPE_CASES[case]
         got = dict(block_s=c["BLOCK_S"], block_h=c["BLOCK_H"], num_warps=out_of_place.num_warps,
                    all_heads=bool(c["ALL_HEADS"]))
         assert got == {key: min(want_tile[key], 8) if key == "block_s" else want_tile[key]
                        for key in got}, (got, want_tile)
+        if switch == "GATHERED_PARTNERS":
+            assert (in_place["BLOCK_S"], in_place["BLOCK_H"], plans[True][1].num_warps) == (
+                4, 4, 2), in_place
 
 
 def test_gathered_partners_only_where_rotary_dim_is_unaligned(monkeypatch):
@@ -872,6 +890,59 @@ def test_gathered_partners_only_where_rotary_dim_is_unaligned(monkeypatch):
             monkeypatch.setattr(rope_qk, "GATHERED_PARTNERS", True)
     for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (64, 64), (80, 80)):
         assert not rope_qk._gathered_partners(head_dim, rotary_dim, False, False, cache)
+    # In place the heads are narrowed to rotary_dim (head_dim is rotary_dim): gathered where it
+    # is not a multiple of 16 (IN_PLACE_GATHER), with the same exclusions.
+    for rotary_dim, gathered in ((20, True), (24, True), (40, True), (12, True), (32, False),
+                                 (64, False)):
+        for angles in (cache, hf_tables):
+            got = rope_qk._gathered_partners(rotary_dim, rotary_dim, False, False, angles, True)
+            assert got == gathered, rotary_dim
+            assert not rope_qk._gathered_partners(rotary_dim, rotary_dim, False, False, angles)
+            assert not rope_qk._gathered_partners(rotary_dim, rotary_dim, True, False, angles,
+                                                  True)
+            monkeypatch.setattr(rope_qk, "IN_PLACE_GATHER", False)
+            assert not rope_qk._gathered_partners(rotary_dim, rotary_dim, False, False, angles,
+                                                  True)
+            monkeypatch.setattr(rope_qk, "IN_PLACE_GATHER", True)
+
+
+def test_channel_multiple(monkeypatch):
+    """``_channel_multiple``: the largest power of two up to 8 dividing rotary_dim and head_dim
+    where a mask stops at one that is not a multiple of 16 (the pairs' tiles: either; GATHER's
+    whole rows: head_dim); 0 where there is nothing to tell (multiples of 16, odd, the switch
+    off)."""
+    cm = rope_qk._channel_multiple
+    assert [cm(20, 80, False), cm(24, 96, False), cm(40, 160, False), cm(12, 20, False)] == [
+        4, 8, 8, 4]
+    assert [cm(20, 20, True), cm(24, 24, True), cm(10, 10, True), cm(40, 40, True)] == [4, 8, 2, 8]
+    assert [cm(20, 80, True), cm(64, 128, False), cm(16, 16, True), cm(64, 72, False)] == [
+        0, 0, 0, 8]
+    assert cm(18, 81, False) == 0  # gcd 9: odd
+    monkeypatch.setattr(rope_qk, "CHANNEL_MULTIPLES", False)
+    assert cm(20, 20, True) == cm(12, 20, False) == 0
+
+
+@pytest.mark.parametrize("switch", ["IN_PLACE_GATHER", "CHANNEL_MULTIPLES"])
+@pytest.mark.parametrize("call", ["cache half-split", "hf half", "cache interleaved"])
+@pytest.mark.parametrize("head_size,rotary_dim", [(80, 20), (96, 24), (20, 12), (72, 18)])
+def test_unaligned_rotary_dim_switches_keep_the_bits(monkeypatch, switch, call, head_size,
+                                                     rotary_dim, seed):
+    """rotary_dim (and head_dim) not a multiple of 16: out of place into NaN-poisoned outputs and
+    in place (the narrowed heads' rows gathered, ``IN_PLACE_GATHER``; the kernel told of their
+    multiple of 2-8, ``CHANNEL_MULTIPLES``), bf16 and float32, against float64, the same bits with
+    the switch off; in place the channels past rotary_dim as they were."""
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k, want, rows, run = _q_k_call(call, 5, 3, 2, head_size, rotary_dim, seed, dtype=dtype)
+        results, plans = _switch_both_ways(monkeypatch, switch, run, q, k, want, rows,
+                                           dtype=dtype)
+        for got, old in zip(results[True][2:], (q, k)):
+            assert torch.equal(rows(got)[..., rotary_dim:], rows(old)[..., rotary_dim:])
+        on, off = plans[True][1].constexprs, plans[False][1].constexprs
+        if switch == "IN_PLACE_GATHER":
+            assert on["GATHER"] == (call != "cache interleaved") and not off["GATHER"]
+        else:
+            assert on["CHANNEL_MULTIPLE"] == min(8, rotary_dim & -rotary_dim)
+            assert off["CHANNEL_MULTIPLE"] == 0
 
 
 def test_default_config_whole_rows(monkeypatch):
