@@ -689,7 +689,15 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       (figures/rope2d_gathered_h200.json, 3 shuffled rounds, bf16 unless said) the pairs, every
       element alone, ran at 0.485-0.779 of copy, these plans on the tile's 4 warps at
       0.659-0.929 and on 2 at 0.716-0.966 (sbhd 20 of 80 0.541 -> 0.924 forward, 0.548 -> 0.923
-      backward; thd's backward the lowest, 0.545 -> 0.716); the same bits.
+      backward; thd's backward the lowest, 0.545 -> 0.716); the same bits. In place (``out=t``,
+      the heads narrowed to rotary_dim: ``IN_PLACE_GATHER``) too, masked at rotary_dim, which
+      the kernel is told is a multiple of 4 or 8 (``CHANNEL_MULTIPLE``), on 2 positions x 8 heads
+      on 2 warps: the tiles sized for the narrowed heads (2-4 positions x 32-64 heads) ran at
+      0.18-0.41 of copy counting the bytes moved (the rotated channels), this one, the best or
+      within 2.9 points of the best of 8 tiles at 12 calls (probe, H200, 3 shuffled rounds), at
+      0.306-0.441 in 16-bit and 0.432 in float32, against 0.127-0.223 and 0.385-0.386 before,
+      every element alone (figures/rope2d_in_place_unaligned_h200.json); a kernel that only
+      reads and writes the same runs reaches 0.323-0.451 and 0.430.
       ``WHOLE_ROWS = True`` takes whole rows on twice the tile's warps (at most 8): 1.002-1.016
       of the pairs on an H100 (26 of 28 points), but 0.826-1.013 on an H200 (below 0.97 at 22
       of 32 points; the full benchmark with it lost up to 18% there), so it is off. A
@@ -770,7 +778,9 @@ GATHER_SINES_POSITIONS = 4
 # GATHERED_PARTNERS).
 GATHERED_PARTNERS = True
 # In place with such a rotary_dim (``out`` is ``t``: the heads narrowed to rotary_dim, the rest
-# left where it is): the narrowed rows gathered too, masked at rotary_dim.
+# left where it is): the narrowed rows gathered too, masked at rotary_dim, on their own tile (see
+# default_config). With CHANNEL_MULTIPLES 1.119-2.764 times the speed of 8c81001
+# (figures/rope2d_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
 # a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``).

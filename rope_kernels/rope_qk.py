@@ -884,8 +884,10 @@ HEAD_COUNT_TILES = True
 # channel's partner taken from the row in registers (``GATHER`` in the kernel;
 # ``_gathered_partners``).
 GATHERED_PARTNERS = True
-# In place with such a rotary_dim (vLLM's in-place calls for GPT-NeoX models): the narrowed heads'
-# rows as one rotary block, the partners gathered, stores masked at rotary_dim (``_gathered_partners``).
+# In place with such a rotary_dim (vLLM's in-place calls for GPT-NeoX models, Hugging Face's
+# in-place functions): the narrowed heads' rows as one rotary block masked at rotary_dim, the
+# partners gathered (``_gathered_partners``, ``_gathered_tile``). With CHANNEL_MULTIPLES,
+# 1.090-2.790 times the speed of 43b2d79 (figures/qk_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
 # they are not multiples of 16 (``CHANNEL_MULTIPLE``): masks at them then cover whole vectors.
@@ -935,7 +937,16 @@ def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bo
     partners one element at a time and the pairs' tiles moved every element so, 20 of 80 0.484 /
     0.814 -> 0.916 / 0.956. Recorded with ``_gathered_tile``'s tiles against 7b5d384
     (figures/qk_gathered_partners_h200.json, 5 rounds): 24 calls 1.100-1.892 times the speed,
-    Hugging Face's call at 0.915-0.948 of copy, the cache's at 0.956-0.979."""
+    Hugging Face's call at 0.915-0.948 of copy, the cache's at 0.956-0.979.
+
+    In place (``narrowed``, ``IN_PLACE_GATHER``) the heads are narrowed to rotary_dim (``head_dim``
+    is rotary_dim here): each row is the rotary block alone, masked at rotary_dim, which the
+    kernel is told is a multiple of 4 or 8 (``CHANNEL_MULTIPLE``), so that loads and stores move
+    8 or 16 bytes, not 2. Recorded against 43b2d79 (figures/qk_in_place_unaligned_h200.json,
+    H200, 5 shuffled rounds, the bytes moved: the rotated channels): 16-bit 0.129-0.326 ->
+    0.313-0.444 of copy (Pythia 2.8B's 20 of 80 through the cache 0.129 -> 0.351, GPT-NeoX 20B's
+    24 of 96 0.160 -> 0.413), float32 0.366-0.385 -> 0.410-0.647; 0.887-1.124 of a kernel that
+    only reads and writes the same runs (runs of 40-96 B in every 160-384 B)."""
     return (GATHERED_PARTNERS and rotary_dim is not None
             and (rotary_dim < head_dim or (narrowed and IN_PLACE_GATHER))
             and rotary_dim % 16 != 0 and not interleaved and not words
@@ -1231,7 +1242,9 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     - ``_gathered_partners`` calls (rotary_dim not a multiple of 16, 16-bit or float32): whole
       rows cut at the rotary block, the partners gathered in registers, on ``_gathered_tile``'s
       tiles (since c8faee4; before, the pairs with the channels past rotary_dim as whole rows,
-      on one token's 2 KB of heads on 2 warps; figures/qk_gathered_partners_h200.json).
+      on one token's 2 KB of heads on 2 warps; figures/qk_gathered_partners_h200.json). In
+      place, on the narrowed heads, since 8c81001 (figures/qk_in_place_unaligned_h200.json;
+      before, the narrowed heads' rules, every element alone).
     - ``PADDED_TRANSPOSED_PAIRS``: Hugging Face's partial rotary with transposed results in rows
       padded to a power of two: the pairs' 4 x 4 tile on 4 warps, not whole rows (Phi-2's 32 of
       80 channels 0.852 -> 0.957 forward, 0.858 -> 0.951 backward).

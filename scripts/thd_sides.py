@@ -41,7 +41,7 @@ def arguments(doc: str, default_out: str, sides: Optional[list] = None) -> argpa
 
 
 # The last line of rope_2d_kernel's parameters and the signature's close.
-KERNEL_SIGNATURE_END = "    GATHER: tl.constexpr,\n):\n"
+KERNEL_SIGNATURE_END = "    CHANNEL_MULTIPLE: tl.constexpr,\n):\n"
 
 
 def new_constexpr(declaration: str) -> tuple[str, str]:

@@ -310,3 +310,60 @@ def test_rope2d_gathered_recording_is_quoted_as_recorded():
         values = [row["of_copy"][key] for row in gathered]
         assert f"{min(values):.3f}-{max(values):.3f}" == text
         assert text in README and text in NOTES, text
+
+
+def test_in_place_unaligned_recordings_are_quoted_as_recorded():
+    """figures/qk_in_place_unaligned_h200.json (scripts/qk_in_place_unaligned.py) and
+    rope2d_in_place_unaligned_h200.json (scripts/rope2d_in_place_unaligned.py): in-place calls
+    with a rotary_dim that is not a multiple of 16, fractions of copy counting the bytes moved.
+    Every call the same bits as out of place (the q+k script asserts it before timing); the notes'
+    two tables have every call's fractions before -> after and the streaming kernel's; the
+    ranges and medians of the ratios, the 16-bit ranges before and after and the streaming
+    kernel's quoted in the notes and the README; and the README's time of Pythia's in-place cache
+    call against its out-of-place one (figures/qk_gathered_partners_h200.json) as the files give
+    it."""
+    qk = json.loads((FIGURES / "qk_in_place_unaligned_h200.json").read_text())["calls"]
+    r2 = json.loads((FIGURES / "rope2d_in_place_unaligned_h200.json").read_text())["rows"]
+    assert all(all(row["same_bits"].values()) for row in r2)
+    section = NOTES[NOTES.index("`figures/qk_in_place_unaligned_h200.json`: H200"):]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    for key, row in qk.items():
+        shape, call = key.split(": ")
+        line = next(line for line in lines if line.startswith(f"| {shape} |"))
+        cells = [cell.strip() for cell in line.strip("| ").split("|")]
+        column = 1 if call == "cache in place" else 2
+        assert cells[column] == f"{row['before']:.3f} -> {row['rule']:.3f}", (key, cells)
+        assert f"{row['stream']:.3f}" in cells[3].split(" / ")[column - 1], (key, cells)
+    for row in r2:
+        line = next(line for line in lines if line.startswith(f"| {row['shape']} |"))
+        cells = [cell.strip() for cell in line.strip("| ").split("|")]
+        column = 1 if row["direction"] == "forward" else 2
+        assert cells[column] == f"{row['before']:.3f} -> {row['after']:.3f}", (row, cells)
+        assert cells[3].split(" / ")[column - 1] == f"{row['stream']:.3f}", (row, cells)
+    for ratios, in_notes in (([r["ratio"] for r in qk.values()], "16 calls"),
+                             ([r["after_over_before"] for r in r2], "12 calls")):
+        quoted = (f"All {in_notes} {min(ratios):.3f}-{max(ratios):.3f} times the speed before "
+                  f"(median {statistics.median(ratios):.3f}")
+        assert quoted in NOTES, quoted
+    sixteen = [r for key, r in qk.items() if "fp32" not in key]
+    r2_sixteen = [r for r in r2 if "fp32" not in r["shape"]]
+
+    def span(values):
+        return f"{min(values):.3f}-{max(values):.3f}"
+
+    quotes = {"qk after": span([r["rule"] for r in sixteen]),
+              "qk before": span([r["before"] for r in sixteen]),
+              "r2 after": span([r["after"] for r in r2_sixteen]),
+              "r2 before": span([r["before"] for r in r2_sixteen]),
+              "stream": span([r["stream"] for r in sixteen] + [r["stream"] for r in r2_sixteen])}
+    for name, text in quotes.items():
+        assert text in README, (name, text)
+    assert f"{quotes['qk before']} and {quotes['r2 before']}" in README
+    out_of_place = json.loads((FIGURES / "qk_gathered_partners_h200.json").read_text())["shapes"]
+    oop = out_of_place["hd80 32q/32k rot20: cache out of place"]
+    in_place = qk["Pythia 2.8B hd80 32q/32k rot20: cache in place"]
+    oop_time = oop["mbytes"] / oop["rule"]
+    now, before = (in_place["mbytes_moved"] / in_place[side] / oop_time
+                   for side in ("rule", "before"))
+    quoted = f"takes {now:.2f} of the time of the out-of-place one ({before:.2f} times before)"
+    assert quoted in README, quoted
