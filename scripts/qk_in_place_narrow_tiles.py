@@ -49,17 +49,19 @@ from rope_kernels import bench, rope_qk  # noqa: E402
 def stream_kernel(q_ptr, k_ptr, q_rows, k_rows, q_blocks, HEAD_DIM: tl.constexpr,
                   RUN: tl.constexpr, BLOCK_R: tl.constexpr):
     """Rows [q_rows or k_rows, HEAD_DIM] of q then k: the first RUN channels of each row read and
-    written back scaled (a store of what was loaded could be dropped)."""
+    written back scaled (a store of what was loaded could be dropped). RUN is known when the
+    kernel compiles, so its masks cover whole vectors of the largest power of two dividing it (a
+    power of two: no channel masked; scripts/qk_in_place_unaligned.py times other RUNs)."""
     pid = tl.program_id(0)
     r = tl.arange(0, BLOCK_R)[:, None]
-    c = tl.arange(0, RUN)[None, :]
+    c = tl.arange(0, triton.next_power_of_2(RUN))[None, :]
     if pid < q_blocks:
         rows = pid * BLOCK_R + r
-        mask = rows < q_rows
+        mask = (rows < q_rows) & (c < RUN)
         ptrs = q_ptr + rows.to(tl.int64) * HEAD_DIM + c
     else:
         rows = (pid - q_blocks) * BLOCK_R + r
-        mask = rows < k_rows
+        mask = (rows < k_rows) & (c < RUN)
         ptrs = k_ptr + rows.to(tl.int64) * HEAD_DIM + c
     x = tl.load(ptrs, mask=mask)
     tl.store(ptrs, x * (1 + 2**-20), mask=mask)

@@ -25,7 +25,8 @@ bytes moved (the rotated channels of q and k read and written once, and the cos/
 - ``before``: the rope_qk.py at ``--before``, loaded as its own module;
 - ``stream``: the best of four tiles of a kernel that only reads and writes the same runs of q and
   k in place (x * (1 + 2**-20): no load is dropped), one launch for both, its masks at a
-  compile-time rotary_dim: what the access pattern allows a streaming kernel here;
+  compile-time rotary_dim (``qk_in_place_narrow_tiles.stream``): what the access pattern allows
+  a streaming kernel here;
 - ``copy_same``: a contiguous copy of the same number of bytes.
 Checked before timing: each side's in-place result equal bit for bit to the rule's out-of-place
 one, the channels past rotary_dim untouched.
@@ -41,14 +42,13 @@ import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from rope_kernels import _launch, bench, rope_qk  # noqa: E402
+from qk_in_place_narrow_tiles import stream  # noqa: E402  (one launch over q and k's runs)
 from qk_table_hint import medians, module_copy  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens unless said)
@@ -68,36 +68,6 @@ SHAPES = {
 }
 CALLS = ("cache in place", "hf in place")
 STREAM_TILES = ((16, 2), (16, 4), (32, 2), (32, 4))  # rows, warps
-
-
-@triton.jit
-def stream_kernel(q_ptr, k_ptr, q_rows, k_rows, q_blocks, HEAD_DIM: tl.constexpr,
-                  RUN: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Rows [q_rows or k_rows, HEAD_DIM] of q then k: the first RUN channels of each row read and
-    written back scaled (a store of what was loaded could be dropped). RUN is known when the
-    kernel compiles, so its masks cover whole vectors of the largest power of two dividing it."""
-    pid = tl.program_id(0)
-    r = tl.arange(0, BLOCK_R)[:, None]
-    c = tl.arange(0, triton.next_power_of_2(RUN))[None, :]
-    if pid < q_blocks:
-        rows = pid * BLOCK_R + r
-        mask = (rows < q_rows) & (c < RUN)
-        ptrs = q_ptr + rows.to(tl.int64) * HEAD_DIM + c
-    else:
-        rows = (pid - q_blocks) * BLOCK_R + r
-        mask = (rows < k_rows) & (c < RUN)
-        ptrs = k_ptr + rows.to(tl.int64) * HEAD_DIM + c
-    x = tl.load(ptrs, mask=mask)
-    tl.store(ptrs, x * (1 + 2**-20), mask=mask)
-
-
-def stream(q, k, head_dim, run, block_rows, num_warps):
-    """The streaming kernel on contiguous q and k ([..., head_dim]) as one launch."""
-    q_rows, k_rows = q.numel() // head_dim, k.numel() // head_dim
-    q_blocks = triton.cdiv(q_rows, block_rows)
-    grid = (q_blocks + triton.cdiv(k_rows, block_rows),)
-    return lambda: stream_kernel[grid](q, k, q_rows, k_rows, q_blocks, HEAD_DIM=head_dim,
-                                       RUN=run, BLOCK_R=block_rows, num_warps=num_warps)
 
 
 def call(module, p: bench.QKProblem, kind: str, q: torch.Tensor, k: torch.Tensor,

@@ -17,7 +17,7 @@ Times both files' ``rope_2d`` with ``out=t`` in one process (each file a module 
 table) at ``SHAPES`` (sbhd, bshd, thd; bf16 and float32; 16 x 4096 tokens unless said), forward
 and backward, in ``--rounds`` shuffled rounds (``bench.time_ms_host_ahead``: L2 flushed per call,
 the host kept ahead), with the best of four tiles of a kernel that only reads and writes the same
-runs in place (``qk_in_place_unaligned.stream``): the ceiling of the access pattern. ``--tiles``
+runs in place (``qk_in_place_narrow_tiles.stream``): the ceiling of the access pattern. ``--tiles``
 also times the package's file on other tiles (a probe). Fractions of the 2 GB copy counting the
 bytes moved (the rotated channels read and written once, and the angle rows:
 ``Problem.rotated_nbytes``). Checked before timing: each side's in-place result the same bits as
@@ -40,25 +40,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_in_place_unaligned import STREAM_TILES, stream  # noqa: E402
+import rope2d_gathered  # noqa: E402
+from qk_in_place_narrow_tiles import stream  # noqa: E402
+from qk_in_place_unaligned import STREAM_TILES  # noqa: E402
 from qk_size_scan import HOST_AHEAD_TIMING, provenance  # noqa: E402
 from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels import bench  # noqa: E402
 
 after_module = importlib.import_module("rope_kernels.rope_2d")  # the package exports the function
 
-# name -> bench.Problem arguments (bf16, 16 x 4096 tokens, 32 heads)
-SHAPES = {
-    "sbhd hd80 rot20": dict(head_dim=80, rotary_percent=0.25),
-    "bshd hd80 rot20": dict(tensor_format="bshd", head_dim=80, rotary_percent=0.25),
-    "thd hd80 rot20, 4096 seqs": dict(tensor_format="thd", head_dim=80, rotary_percent=0.25,
-                                      n_seqs=4096),
-    "sbhd hd96 rot24, 64 heads, batch 8": dict(head_dim=96, rotary_percent=0.25, heads=64,
-                                               batch=8),
-    "bshd hd160 rot40": dict(tensor_format="bshd", head_dim=160, rotary_percent=0.25),
-    "sbhd hd80 rot20 fp32, batch 8": dict(head_dim=80, rotary_percent=0.25, dtype="fp32",
-                                          batch=8),
-}
+# rope2d_gathered's shapes but its controls (bench.Problem arguments; bf16, 16 x 4096 tokens, 32
+# heads unless said)
+SHAPES = {name: kw for name, kw in rope2d_gathered.SHAPES.items() if "control" not in name}
 # --tiles: (block_s, block_b, block_h, num_warps), whole rows gathered
 PROBE_TILES = ((4, 1, 4, 2), (2, 1, 8, 2), (1, 1, 16, 2), (4, 1, 8, 2), (8, 1, 4, 2),
                (2, 1, 16, 2), (4, 1, 4, 1), (4, 1, 8, 4))
