@@ -890,7 +890,8 @@ GATHERED_PARTNERS = True
 # 1.090-2.790 times the speed of 43b2d79 (figures/qk_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
-# they are not multiples of 16 (``CHANNEL_MULTIPLE``): masks at them then cover whole vectors.
+# a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``):
+# the masks then cover whole vectors.
 CHANNEL_MULTIPLES = True
 # Tiles of models' shapes the rules below fit badly, from probes of 24 models' shapes (H200,
 # 3 shuffled rounds; see default_config): few k heads with q over 4 KB (FEW_K_HEAD_TILES), rows
