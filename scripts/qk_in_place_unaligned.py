@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from rope_kernels import _launch, bench, rope_qk  # noqa: E402
 from qk_in_place_narrow_tiles import stream  # noqa: E402  (one launch over q and k's runs)
 from qk_table_hint import medians, module_copy  # noqa: E402
+from qk_words_hd64 import plan_of  # noqa: E402
 
 # name -> QKProblem arguments (bf16, 16 x 4096 tokens unless said)
 SHAPES = {
@@ -87,14 +88,12 @@ def call(module, p: bench.QKProblem, kind: str, q: torch.Tensor, k: torch.Tensor
 
 
 def plan_label(module, fn) -> str:
-    """The tile and code of ``fn``'s plan on ``module`` (its plan table cleared first)."""
-    module._PLANS.clear()
-    fn()
+    """``plan_of``'s label of ``fn``'s plan on ``module``, with its ``ROW``, ``GATHER`` and
+    ``CHANNEL_MULTIPLE`` (the kernel before has no CHANNEL_MULTIPLE)."""
+    label = plan_of(module, fn)
     (plan,) = module._PLANS.values()
     c = plan.constexprs
-    label = (f"{c['BLOCK_S']} x {c['BLOCK_H']} on {plan.num_warps}, all_heads {c['ALL_HEADS']}, "
-             f"ROW {c['ROW']}")
-    return label + "".join(f", {name} {c[name]}" for name in ("GATHER", "CHANNEL_MULTIPLE")
+    return label + "".join(f", {name} {c[name]}" for name in ("ROW", "GATHER", "CHANNEL_MULTIPLE")
                            if name in c)
 
 

@@ -95,22 +95,19 @@ def main(argv=None):
                                                          num_warps=w, whole_rows=True,
                                                          gather=True)
                                 for s, b, h, w in PROBE_TILES})
-            same_bits = {}
+            work = src.clone()  # the timed calls rotate it again and again
+            same_bits, fns = {}, {}
             for side, config in configs.items():
                 module = before if side == "before" else after_module
                 x = src.clone()
                 run(module, p, x, backward, config)
                 assert torch.equal(x[..., rd:], src[..., rd:]), (name, side)
                 same_bits[side] = bool(torch.equal(x, want))
-            work = src.clone()  # the timed calls rotate it again and again
-            fns = {side: (lambda m=(before if side == "before" else after_module), c=config:
-                          run(m, p, work, backward, c))
-                   for side, config in configs.items()}
+                fns[side] = lambda m=module, c=config: run(m, p, work, backward, c)
             tiles = {"after": tile_of(after_module, fns["after"]),
                      "before": tile_of(before, fns["before"])}
-            heads_dim = work.shape[-1]
             for rows_, warps in STREAM_TILES:
-                fns[f"stream {rows_}r {warps}w"] = stream(work, work[:0], heads_dim, rd, rows_,
+                fns[f"stream {rows_}r {warps}w"] = stream(work, work[:0], p.head_dim, rd, rows_,
                                                           warps)
             fractions = bench.shuffled_rounds(fns, p.rotated_nbytes, copy_gbps, args.rounds,
                                               timer=bench.time_ms_host_ahead)

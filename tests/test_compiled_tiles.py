@@ -306,6 +306,15 @@ def assert_gathered_in_vectors(sass: str):
     assert "SHFL.IDX" in sass
 
 
+def assert_narrowed_rows_in_vectors(sass: str, store: str):
+    """In place, the heads narrowed to an unaligned rotary_dim and their rows gathered: every
+    store of the streamed tensors ``store`` wide (8 bytes at 20 channels, 16 at 24), no 2-byte
+    load, and the partners moved between threads (SHFL.IDX)."""
+    stores, loads = streamed_accesses(sass)
+    assert set(stores) == {store} and "LDG.E.U16" not in loads, (stores, loads)
+    assert "SHFL.IDX" in sass
+
+
 def sass_loads(compiled) -> list:
     """The global loads of a compiled kernel's SASS (``cuobjdump -sass``), in program order."""
     return global_accesses(cuobjdump(compiled, "-sass"))
@@ -415,11 +424,10 @@ def test_in_place_unaligned_rotary_moves_q_and_k_in_vectors(compiled_modules, ca
     assert plan.constexprs["GATHER"] == gathered
     assert plan.scalars[7:9] == (rotary_dim, rotary_dim)  # the heads narrowed to rotary_dim
     sass = cuobjdump(compile_qk(qk, launch), "-sass")
-    stores, loads = streamed_accesses(sass)
     if gathered:
-        assert set(stores) == {store} and "LDG.E.U16" not in loads, (stores, loads)
-        assert "SHFL.IDX" in sass
+        assert_narrowed_rows_in_vectors(sass, store)
     else:
+        stores, loads = streamed_accesses(sass)
         assert set(stores) == {"STG.E.U16"} and "LDG.E.U16" in loads, (stores, loads)
 
 
@@ -456,8 +464,7 @@ def test_rope_2d_gathered_partners_move_x_in_vectors(compiled_modules, fmt, gath
     r2._config.cache_clear()
     stores, loads = streamed_accesses(sass)
     if gathered and in_place:
-        assert set(stores) == {"STG.E.64"} and "LDG.E.U16" not in loads, (stores, loads)
-        assert "SHFL.IDX" in sass
+        assert_narrowed_rows_in_vectors(sass, "STG.E.64")
     elif gathered:
         assert_gathered_in_vectors(sass)
     elif told:
