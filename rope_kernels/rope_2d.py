@@ -744,6 +744,16 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
             # bytes moved; these 0.31-0.44 (see IN_PLACE_GATHER).
             cfg.update(block_s=min(2, _next_pow2(max(1, seq_rows))), block_b=1,
                        block_h=min(8, _next_pow2(max(1, heads))), num_warps=2)
+        elif (on_gpu and tensor_format in GATHERED_TILES
+              and head_dim * element_size <= GATHERED_TILE_ROW_BYTES
+              and heads >= GATHERED_TILE_MIN_HEADS[tensor_format]):
+            # Out of place, rows of 80-96 channels in 16-bit, in bshd and thd: a tile of their
+            # own (GATHERED_TILES). The tiles the rules above give them ran 4-28 points behind.
+            block_s, block_h, num_warps = GATHERED_TILES[tensor_format]
+            if tensor_format == "bshd" and head_dim * element_size > GATHERED_BSHD_TWO_WARP_BYTES:
+                num_warps = 4  # 192 B rows (head_dim 96): 4 warps ahead, 160 B ones behind
+            cfg.update(block_s=min(block_s, _next_pow2(max(1, seq_rows))), block_b=1,
+                       block_h=min(block_h, _next_pow2(max(1, heads))), num_warps=num_warps)
     # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
@@ -782,6 +792,25 @@ GATHERED_PARTNERS = True
 # default_config). With CHANNEL_MULTIPLES 1.119-2.764 times the speed of 8c81001
 # (figures/rope2d_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
+# Out of place, GATHER's tiles of their own, (positions, heads, warps), in bshd and thd for rows
+# of at most GATHERED_TILE_ROW_BYTES (head_dim 80 or 96 in 16-bit; thd with 16 heads or more).
+# H200, 16 x 4096 tokens of 32 heads unless said, 3 shuffled rounds, fraction of copy forward /
+# backward, the tile before -> this one (figures/rope2d_gathered_tiles_h200.json): thd at 20 of
+# 80 in 4096 sequences, 1 token x 16 heads on 2 warps 0.845 / 0.721 -> 0.961 / 0.963 on 1 warp,
+# 16 sequences 0.761 / 0.682 -> 0.966 / 0.965, 24 of 96 in 64 sequences (1 x 8 on 2 warps) 0.896 /
+# 0.777 -> 0.962 / 0.961; bshd at 20 of 80, 8 positions x 4 heads 0.869 / 0.860 -> 4 x 8 0.907 /
+# 0.908, and with 8 heads (1 x 8) 0.786 / 0.662 -> 0.912 / 0.915. thd's 1 x 16 on 2 warps
+# compiles to the same instructions as 2 tokens x 8 heads on 2 warps (0.960 / 0.959 in a probe)
+# but for the indexing; why it runs so much slower is not known. Wider rows (head_dim 128 or 160, float32) and thd with 8 heads ran as fast or faster
+# on the tiles before, and sbhd's (2 positions x 8-16 heads) was the best of 14 in a probe.
+GATHERED_TILES = {"bshd": (4, 8, 2), "thd": (1, 16, 1)}
+GATHERED_TILE_ROW_BYTES = 192
+GATHERED_TILE_MIN_HEADS = {"bshd": 1, "thd": 16}
+# ... bshd's rows longer than this (up to GATHERED_TILE_ROW_BYTES) on 4 warps: at 24 of 96 in two
+# runs 4 x 8 on 4 warps 0.933 / 0.939 and 0.942 / 0.942, on 2 0.920 / 0.922 and 0.923 / 0.924
+# (the tile before 0.928 / 0.877 and 0.938 / 0.890); at 20 of 80 on 4 warps 0.837 / 0.851 and
+# 0.850 / 0.868, on 2 0.907 / 0.908 and 0.906 / 0.907.
+GATHERED_BSHD_TWO_WARP_BYTES = 160
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
 # a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``).
 CHANNEL_MULTIPLES = True

@@ -1132,13 +1132,33 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
     """``gather`` (whole rows, the partners gathered in registers): half-split pairs with part of
     the head rotated and rotary_dim not a multiple of 16, in 16-bit and float32, on a GPU and in
     the interpreter, every format; not with interleaved pairs, the whole head rotated, a
-    multiple of 16, or the switch off. The tile is the pairs', on 2 warps at most (the pairs' 4
-    warps ran 0.66-0.89 of copy, 2 warps 0.86-0.97: figures/rope2d_gathered_h200.json)."""
+    multiple of 16, or the switch off. In sbhd and in the interpreter the tile is the pairs', on
+    2 warps at most (the pairs' 4 warps ran 0.66-0.89 of copy, 2 warps 0.86-0.97:
+    figures/rope2d_gathered_h200.json); on a GPU in bshd and thd, out of place, the tile of
+    ``GATHERED_TILES`` for 16-bit rows of 80 or 96 channels (bshd 4 positions x 8 heads on 2
+    warps, on 4 at 96 channels, thd with 16 heads or more 1 token x 16 heads on 1 warp; fewer where there are fewer;
+    figures/rope2d_gathered_tiles_h200.json)."""
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    tile = ("block_s", "block_b", "block_h", "num_warps")
     for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (20, 12), (64, 8)):
-        for args in ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "sbhd"),
-                     (4096, 16, 32, head_dim, rotary_dim, gpu, 4, False, "bshd"),
-                     (65536, 1, 32, head_dim, rotary_dim, cpu, 2, False, "thd")):
+        for args, own_tile in (
+                ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "sbhd"), None),
+                ((4096, 16, 32, head_dim, rotary_dim, gpu, 4, False, "bshd"),
+                 (4, 1, 8, 2) if head_dim <= 48 else None),  # float32 rows of <= 192 B
+                ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "bshd"),
+                 (4, 1, 8, 2) if head_dim <= 80 else (4, 1, 8, 4) if head_dim <= 96 else None),
+                ((4096, 16, 4, head_dim, rotary_dim, gpu, 2, False, "bshd"),
+                 (4, 1, 4, 2) if head_dim <= 80 else (4, 1, 4, 4) if head_dim <= 96 else None),
+                ((1, 16, 32, head_dim, rotary_dim, gpu, 2, False, "bshd"),
+                 (1, 1, 8, 2) if head_dim <= 80 else (1, 1, 8, 4) if head_dim <= 96 else None),
+                ((65536, 1, 32, head_dim, rotary_dim, gpu, 2, False, "thd"),
+                 (1, 1, 16, 1) if head_dim <= 96 else None),
+                ((65536, 1, 16, head_dim, rotary_dim, gpu, 2, False, "thd"),
+                 (1, 1, 16, 1) if head_dim <= 96 else None),
+                ((65536, 1, 8, head_dim, rotary_dim, gpu, 2, False, "thd"), None),
+                ((65536, 1, 32, head_dim, rotary_dim, gpu, 4, False, "thd"),
+                 (1, 1, 16, 1) if head_dim <= 48 else None),
+                ((65536, 1, 32, head_dim, rotary_dim, cpu, 2, False, "thd"), None)):
             cfg = r2.default_config(*args)
             assert cfg["gather"] and cfg["whole_rows"], (args, cfg)
             assert not r2.default_config(*args[:7], True, *args[8:])["gather"], args
@@ -1146,10 +1166,18 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
             r2._config.cache_clear()
             off = r2.default_config(*args)
             monkeypatch.setattr(r2, "GATHERED_PARTNERS", True)
+            r2._config.cache_clear()
             assert not off["gather"]
-            tile = ("block_s", "block_b", "block_h", "group_b")
-            assert {k: cfg[k] for k in tile} == {k: off[k] for k in tile}, args
-            assert cfg["num_warps"] == min(2, off["num_warps"]), (args, cfg, off)
+            if own_tile is None:
+                assert {k: cfg[k] for k in tile[:3]} == {k: off[k] for k in tile[:3]}, args
+                assert cfg["group_b"] == off["group_b"], args
+                assert cfg["num_warps"] == min(2, off["num_warps"]), (args, cfg, off)
+            else:
+                assert tuple(cfg[k] for k in tile) == own_tile, (args, cfg)
+                monkeypatch.setattr(r2, "GATHERED_TILES", {})
+                pairs = r2.default_config(*args)
+                monkeypatch.undo()
+                assert {k: pairs[k] for k in tile[:3]} == {k: off[k] for k in tile[:3]}, args
     for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (80, 80), (20, 20)):
         assert not r2.default_config(4096, 16, 32, head_dim, rotary_dim, gpu)["gather"]
     # In place the heads are narrowed to rotary_dim (head_dim is rotary_dim): gathered where it

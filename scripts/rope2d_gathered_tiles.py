@@ -1,0 +1,146 @@
+"""rope_2d's gathered rows out of place in bshd and thd on tiles of their own (``GATHERED_TILES``),
+against the kernel file before (GPU only).
+
+    git show b25b2d3:rope_kernels/rope_2d.py > /tmp/rope_2d_b25b2d3.py
+    python scripts/rope2d_gathered_tiles.py --before /tmp/rope_2d_b25b2d3.py [--rounds 3]
+                                            [--tiles] [--out figures/rope2d_gathered_tiles_h200.json]
+
+Where rotary_dim is not a multiple of 16 (TransformerEngine's ``rotary_percent`` 0.25 on heads of
+80, 96 or 160), ``rope_2d`` moves each row in two aligned pieces and gathers the partners in
+registers (``GATHER``, ``scripts/rope2d_gathered.py``), on the tile the general rules give the
+format: in thd one token's 16 heads on 2 warps, in bshd 8 (or 4) positions x 4 heads. A probe of
+14 tiles a call found those 12-24 points of copy behind the best in thd and 3-5 in bshd;
+``GATHERED_TILES`` gives 16-bit rows of 80 or 96 channels 1 token x 16 heads on 1 warp in thd
+(16 heads or more) and 4 positions x 8 heads in bshd, on 2 warps (4 at 96 channels); sbhd keeps
+its tile, the best in the same probe.
+
+Times both files' ``rope_2d`` (out of place) in one process, each file a module with its own plan
+table, at ``SHAPES``: the three calls the tiles were chosen on, and ten they were not (other head
+counts, sequence counts, head_dim 96 and 128, fp16 and float32), forward and backward, in
+``--rounds`` shuffled rounds (``bench.time_ms_host_ahead``: L2 flushed per call, the host kept
+ahead), with a copy of the same bytes (``copy_same``). ``--tiles`` also times the package's file
+on ``PROBE_TILES`` (a probe). Fractions of the 2 GB copy (bytes as ``Problem.nbytes`` counts
+them: x read and the result written once, the angle rows read once). Checked before timing: both
+sides' results the same bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import pathlib
+import statistics
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from qk_size_scan import HOST_AHEAD_TIMING, provenance, same  # noqa: E402
+from qk_table_hint import module_copy  # noqa: E402
+from rope2d_gathered import run  # noqa: E402
+from rope2d_in_place_unaligned import tile_of  # noqa: E402
+from rope_kernels import bench  # noqa: E402
+
+after_module = importlib.import_module("rope_kernels.rope_2d")  # the package exports the function
+
+# name -> bench.Problem arguments (bf16, 16 x 4096 tokens, 32 heads unless said); "chosen on":
+# the probe's calls, the rest held out.
+SHAPES = {
+    "bshd hd80 rot20 (chosen on)": dict(tensor_format="bshd", head_dim=80, rotary_percent=0.25),
+    "bshd hd160 rot40 (chosen on)": dict(tensor_format="bshd", head_dim=160,
+                                         rotary_percent=0.25),
+    "thd hd80 rot20, 4096 seqs (chosen on)": dict(tensor_format="thd", head_dim=80,
+                                                  rotary_percent=0.25, n_seqs=4096),
+    "bshd hd96 rot24": dict(tensor_format="bshd", head_dim=96, rotary_percent=0.25),
+    "bshd hd128 rot24": dict(tensor_format="bshd", rotary_percent=0.1875),
+    "bshd hd80 rot20, 8 heads, batch 64": dict(tensor_format="bshd", head_dim=80,
+                                               rotary_percent=0.25, heads=8, batch=64),
+    "bshd hd80 rot20 fp32, batch 8": dict(tensor_format="bshd", head_dim=80, rotary_percent=0.25,
+                                          dtype="fp32", batch=8),
+    "thd hd80 rot20, 16 seqs": dict(tensor_format="thd", head_dim=80, rotary_percent=0.25,
+                                    n_seqs=16),
+    "thd hd80 rot20, 8 heads, 256 seqs": dict(tensor_format="thd", head_dim=80,
+                                              rotary_percent=0.25, heads=8, batch=64, n_seqs=256),
+    "thd hd96 rot24, 64 seqs": dict(tensor_format="thd", head_dim=96, rotary_percent=0.25,
+                                    n_seqs=64),
+    "thd hd160 rot40, 4096 seqs, batch 8": dict(tensor_format="thd", head_dim=160,
+                                                rotary_percent=0.25, n_seqs=4096, batch=8),
+    "thd hd80 rot20 fp16, 4096 seqs": dict(tensor_format="thd", head_dim=80, rotary_percent=0.25,
+                                           dtype="fp16", n_seqs=4096),
+    "thd hd80 rot20 fp32, 4096 seqs, batch 8": dict(tensor_format="thd", head_dim=80,
+                                                    rotary_percent=0.25, dtype="fp32",
+                                                    n_seqs=4096, batch=8),
+}
+# --tiles: (block_s, block_b, block_h, num_warps) per format, the rows gathered
+PROBE_TILES = {"bshd": ((2, 1, 16, 2), (2, 1, 16, 4), (4, 1, 8, 4), (4, 1, 8, 2), (8, 1, 4, 2)),
+               "thd": ((2, 1, 8, 2), (1, 1, 16, 2), (4, 1, 8, 4), (4, 1, 4, 2))}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", type=pathlib.Path, required=True)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiles", action="store_true", help="time PROBE_TILES too (a probe)")
+    parser.add_argument("--only", default=None, help="shape names separated by semicolons")
+    args = parser.parse_args(argv)
+    before = module_copy("rope_2d_before", args.before)
+    copy_gbps = bench.copy_bandwidth_gbps()
+    rows = []
+    names = list(SHAPES) if args.only is None else args.only.split(";")
+    for name in names:
+        p = bench.Problem(**SHAPES[name])
+        copy_same = bench.copy_same_bytes_gbps(p.nbytes) / copy_gbps
+        for backward in (False, True):
+            x = p.grad if backward else p.t
+            sides = {"after": (after_module, None), "before": (before, None)}
+            if args.tiles:
+                for s, b, h, w in PROBE_TILES[p.tensor_format]:
+                    sides[f"{s}x{b}x{h} w{w}"] = (after_module, dict(
+                        block_s=s, block_b=b, block_h=h, num_warps=w))
+            results = {side: run(m, p, x, backward, cfg) for side, (m, cfg) in sides.items()}
+            assert all(same(r, results["before"]) for r in results.values()), name
+            tiles = {side: tile_of(m, lambda m=m: run(m, p, x, backward))
+                     for side, (m, _) in sides.items() if side in ("after", "before")}
+            fns = {side: (lambda m=m, cfg=cfg: run(m, p, x, backward, cfg))
+                   for side, (m, cfg) in sides.items()}
+            fractions = bench.shuffled_rounds(fns, p.nbytes, copy_gbps, args.rounds,
+                                              timer=bench.time_ms_host_ahead)
+            r = [a / b for a, b in zip(fractions["after"], fractions["before"])]
+            row = dict(shape=name, direction="backward" if backward else "forward",
+                       mbytes=round(p.nbytes / 1e6, 1), tiles=tiles,
+                       of_copy={k: statistics.median(v) for k, v in fractions.items()},
+                       after_over_before=statistics.median(r), spread=[min(r), max(r)],
+                       copy_same=round(copy_same, 4))
+            rows.append(row)
+            probe = sorted(((v, k) for k, v in row["of_copy"].items()
+                            if k not in ("after", "before")), reverse=True)
+            print(f"{name:40s} {row['direction']:8s} {row['mbytes']:6.0f} MB: "
+                  f"{row['of_copy']['before']:.3f} -> {row['of_copy']['after']:.3f} "
+                  f"(x{row['after_over_before']:.3f}, {min(r):.3f}-{max(r):.3f}; copy same "
+                  f"{copy_same:.3f}) [{tiles['before']} -> {tiles['after']}]"
+                  + "".join(f" | {k} {v:.3f}" for v, k in probe), flush=True)
+            del fns, results
+        del p
+        torch.cuda.empty_cache()
+    ratios = [row["after_over_before"] for row in rows]
+    print(f"after / before over {len(ratios)} calls: {min(ratios):.3f}-{max(ratios):.3f} "
+          f"(median {statistics.median(ratios):.3f})")
+    command = (f"python scripts/rope2d_gathered_tiles.py --before {args.before.name} "
+               f"--rounds {args.rounds}" + (" --tiles" if args.tiles else ""))
+    record = dict(provenance=provenance(copy_gbps, "rope2d_gathered_tiles", command,
+                                        HOST_AHEAD_TIMING), rows=rows)
+    record["provenance"]["before_sha256"] = hashlib.sha256(
+        args.before.read_bytes()).hexdigest()[:16]
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
