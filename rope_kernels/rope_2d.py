@@ -689,7 +689,12 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       (figures/rope2d_gathered_h200.json, 3 shuffled rounds, bf16 unless said) the pairs, every
       element alone, ran at 0.485-0.779 of copy, these plans on the tile's 4 warps at
       0.659-0.929 and on 2 at 0.716-0.966 (sbhd 20 of 80 0.541 -> 0.924 forward, 0.548 -> 0.923
-      backward; thd's backward the lowest, 0.545 -> 0.716); the same bits. In place (``out=t``,
+      backward; thd's backward the lowest, 0.545 -> 0.716); the same bits. Out of place in bshd
+      and thd, 16-bit rows of 80 or 96 channels take tiles of their own (``GATHERED_TILES``: thd
+      with 16 heads or more 1 token x 16 heads on 1 warp, bshd 4 positions x 8 heads on 2 warps,
+      4 at 96 channels): 14 calls on an H200 at 1.004-1.418 times the speed of the tiles before,
+      0.664-0.932 -> 0.906-0.969 of copy, thd's backward at 20 of 80 0.723 -> 0.957
+      (figures/rope2d_gathered_tiles_h200.json). In place (``out=t``,
       the heads narrowed to rotary_dim: ``IN_PLACE_GATHER``) too, masked at rotary_dim, which
       the kernel is told is a multiple of 4 or 8 (``CHANNEL_MULTIPLE``), on 2 positions x 8 heads
       on 2 warps: the tiles sized for the narrowed heads (2-4 positions x 32-64 heads) ran at
@@ -748,7 +753,7 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
               and head_dim * element_size <= GATHERED_TILE_ROW_BYTES
               and heads >= GATHERED_TILE_MIN_HEADS[tensor_format]):
             # Out of place, rows of 80-96 channels in 16-bit, in bshd and thd: a tile of their
-            # own (GATHERED_TILES). The tiles the rules above give them ran 4-28 points behind.
+            # own (GATHERED_TILES). The tiles the rules above gave them ran 0.4-28 points behind.
             block_s, block_h, num_warps = GATHERED_TILES[tensor_format]
             if tensor_format == "bshd" and head_dim * element_size > GATHERED_BSHD_TWO_WARP_BYTES:
                 num_warps = 4  # 192 B rows (head_dim 96): 4 warps ahead, 160 B ones behind
@@ -793,23 +798,28 @@ GATHERED_PARTNERS = True
 # (figures/rope2d_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
 # Out of place, GATHER's tiles of their own, (positions, heads, warps), in bshd and thd for rows
-# of at most GATHERED_TILE_ROW_BYTES (head_dim 80 or 96 in 16-bit; thd with 16 heads or more).
-# H200, 16 x 4096 tokens of 32 heads unless said, 3 shuffled rounds, fraction of copy forward /
-# backward, the tile before -> this one (figures/rope2d_gathered_tiles_h200.json): thd at 20 of
-# 80 in 4096 sequences, 1 token x 16 heads on 2 warps 0.845 / 0.721 -> 0.961 / 0.963 on 1 warp,
-# 16 sequences 0.761 / 0.682 -> 0.966 / 0.965, 24 of 96 in 64 sequences (1 x 8 on 2 warps) 0.896 /
-# 0.777 -> 0.962 / 0.961; bshd at 20 of 80, 8 positions x 4 heads 0.869 / 0.860 -> 4 x 8 0.907 /
-# 0.908, and with 8 heads (1 x 8) 0.786 / 0.662 -> 0.912 / 0.915. thd's 1 x 16 on 2 warps
-# compiles to the same instructions as 2 tokens x 8 heads on 2 warps (0.960 / 0.959 in a probe)
-# but for the indexing; why it runs so much slower is not known. Wider rows (head_dim 128 or 160, float32) and thd with 8 heads ran as fast or faster
-# on the tiles before, and sbhd's (2 positions x 8-16 heads) was the best of 14 in a probe.
+# of at most GATHERED_TILE_ROW_BYTES (head_dim 80 or 96 in 16-bit; thd with 16 heads or more),
+# chosen in a probe of 14 tiles at three calls and checked at ten more. H200, 16 x 4096 tokens of
+# 32 heads unless said, 3 shuffled rounds, fraction of copy forward / backward, the tile before ->
+# this one (figures/rope2d_gathered_tiles_h200.json): thd at 20 of 80 in 4096 sequences, 1 token x
+# 16 heads on 2 warps 0.847 / 0.723 -> on 1 warp 0.964 / 0.957, in 16 sequences 0.762 / 0.682 ->
+# 0.967 / 0.966, 24 of 96 in 64 sequences (1 x 8 on 2 warps) 0.901 / 0.779 -> 0.969 / 0.961; bshd
+# at 20 of 80, 8 positions x 4 heads 0.872 / 0.860 -> 4 x 8 0.906 / 0.908, with 8 heads (1 x 8)
+# 0.788 / 0.664 -> 0.912 / 0.913. thd's 1 x 16 on 2 warps compiles to the same instructions as 2
+# tokens x 8 heads on 2 warps (0.962 / 0.961 there) but for the indexing; why it runs so much
+# slower is not known. Wider rows (head_dim 128 or 160, float32) and thd with 8 heads keep the
+# tiles before: there a first rule's tiles (4 x 8 and 2 x 8 on 2 warps) lost up to 4 points
+# (bshd 24 of 128 0.944 / 0.927 -> 0.902 / 0.909, _rule1.json), though bshd's 40 of 160 backward
+# (0.933) ran at 0.971 on 2 x 16 on 4 warps (a lead). sbhd's tile (2 positions x 8-16 heads) was
+# the best of the 14 or within 0.3 points of it in the probe.
 GATHERED_TILES = {"bshd": (4, 8, 2), "thd": (1, 16, 1)}
 GATHERED_TILE_ROW_BYTES = 192
 GATHERED_TILE_MIN_HEADS = {"bshd": 1, "thd": 16}
-# ... bshd's rows longer than this (up to GATHERED_TILE_ROW_BYTES) on 4 warps: at 24 of 96 in two
-# runs 4 x 8 on 4 warps 0.933 / 0.939 and 0.942 / 0.942, on 2 0.920 / 0.922 and 0.923 / 0.924
-# (the tile before 0.928 / 0.877 and 0.938 / 0.890); at 20 of 80 on 4 warps 0.837 / 0.851 and
-# 0.850 / 0.868, on 2 0.907 / 0.908 and 0.906 / 0.907.
+# ... bshd's rows longer than this (up to GATHERED_TILE_ROW_BYTES) on 4 warps. At 24 of 96 in two
+# runs (figures/rope2d_gathered_tiles_h200_rule1.json and _rule2.json), 4 x 8 on 4 warps 0.933 /
+# 0.939 and 0.942 / 0.942, on 2 0.920 / 0.922 and 0.923 / 0.924 (the tile before 0.928 / 0.877
+# and 0.938 / 0.890); at 20 of 80 on 4 warps 0.837 / 0.851 and 0.850 / 0.868, on 2 0.907 / 0.908
+# and 0.906 / 0.907.
 GATHERED_BSHD_TWO_WARP_BYTES = 160
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
 # a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``).

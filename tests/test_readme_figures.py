@@ -367,3 +367,52 @@ def test_in_place_unaligned_recordings_are_quoted_as_recorded():
                    for side in ("rule", "before"))
     quoted = f"takes {now:.2f} of the time of the out-of-place one ({before:.2f} times before)"
     assert quoted in README, quoted
+
+
+def test_gathered_tiles_recording_is_quoted_as_recorded():
+    """figures/rope2d_gathered_tiles_h200.json (scripts/rope2d_gathered_tiles.py): rope_2d's
+    gathered rows out of place on GATHERED_TILES against the tiles of b25b2d3. Every call's tiles
+    as the rule gives them now (a call whose tile changed is one the rule covers: bshd or thd,
+    16-bit rows of at most GATHERED_TILE_ROW_BYTES); the notes' table has every call's tiles and
+    fractions before -> after and the copy of the same bytes; the changed calls' range and median
+    of the ratios and their fractions before and after in the notes, the README and the kernel
+    file; the unchanged calls' range in the notes."""
+    import importlib
+
+    r2 = importlib.import_module("rope_kernels.rope_2d")
+    rows = json.loads((FIGURES / "rope2d_gathered_tiles_h200.json").read_text())["rows"]
+    source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
+    section = NOTES[NOTES.index("`figures/rope2d_gathered_tiles_h200.json`: H200"):]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    changed = [r for r in rows if r["tiles"]["before"] != r["tiles"]["after"]]
+    unchanged = [r for r in rows if r["tiles"]["before"] == r["tiles"]["after"]]
+    for row in changed:
+        assert row["shape"].startswith(("bshd", "thd")) and "fp32" not in row["shape"], row
+    for row in rows:
+        line = next(line for line in lines if line.startswith(f"| {row['shape']} |"))
+        cells = [cell.strip() for cell in line.strip("| ").split("|")]
+        before, after = (row["tiles"][side].split(", ROW")[0] for side in ("before", "after"))
+        assert cells[1] == (f"{before} (unchanged)" if before == after else f"{before} -> {after}")
+        column = 2 if row["direction"] == "forward" else 3
+        assert cells[column] == f"{row['of_copy']['before']:.3f} -> {row['of_copy']['after']:.3f}"
+        assert cells[4] == f"{row['copy_same']:.3f}", (row, cells)
+
+    def span(values):
+        return f"{min(values):.3f}-{max(values):.3f}"
+
+    ratios = [r["after_over_before"] for r in changed]
+    readme, source = " ".join(README.split()), " ".join(source.split())
+    quoted = f"{len(changed)} calls at {span(ratios)} times the speed of the tiles before"
+    assert quoted in readme, quoted
+    assert f"{len(changed)} calls on an H200 at {span(ratios)} times the speed" in source
+    assert (f"**{span(ratios)} times the speed before** (median {statistics.median(ratios):.3f})"
+            in NOTES)
+    fractions = (f"{span([r['of_copy']['before'] for r in changed])} -> "
+                 f"{span([r['of_copy']['after'] for r in changed])} of copy")
+    assert fractions in readme and fractions in source, fractions
+    assert f"plan did not change: {span([r['after_over_before'] for r in unchanged])}" in NOTES
+    thd = next(r for r in rows if r["shape"].startswith("thd hd80 rot20, 4096")
+               and r["direction"] == "backward")
+    assert f"{thd['of_copy']['before']:.3f} -> {thd['of_copy']['after']:.3f}" in readme
+    # the rule as the record ran it
+    assert r2.GATHERED_TILES == {"bshd": (4, 8, 2), "thd": (1, 16, 1)}
