@@ -750,7 +750,8 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
             cfg.update(block_s=min(2, _next_pow2(max(1, seq_rows))), block_b=1,
                        block_h=min(8, _next_pow2(max(1, heads))), num_warps=2)
         elif (on_gpu and tensor_format in GATHERED_TILES
-              and head_dim * element_size <= GATHERED_TILE_ROW_BYTES
+              and GATHERED_TILE_ROW_BYTES[0] <= head_dim * element_size
+              <= GATHERED_TILE_ROW_BYTES[1]
               and heads >= GATHERED_TILE_MIN_HEADS[tensor_format]):
             # Out of place, rows of 80-96 channels in 16-bit, in bshd and thd: a tile of their
             # own (GATHERED_TILES). The tiles the rules above gave them ran 0.4-28 points behind.
@@ -798,7 +799,8 @@ GATHERED_PARTNERS = True
 # (figures/rope2d_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
 # Out of place, GATHER's tiles of their own, (positions, heads, warps), in bshd and thd for rows
-# of at most GATHERED_TILE_ROW_BYTES (head_dim 80 or 96 in 16-bit; thd with 16 heads or more),
+# of GATHERED_TILE_ROW_BYTES (the sizes measured: head_dim 80 or 96 in 16-bit; thd with 16 heads
+# or more),
 # chosen in a probe of 14 tiles at three calls and checked at ten more. H200, 16 x 4096 tokens of
 # 32 heads unless said, 3 shuffled rounds, fraction of copy forward / backward, the tile before ->
 # this one (figures/rope2d_gathered_tiles_h200.json): thd at 20 of 80 in 4096 sequences, 1 token x
@@ -813,9 +815,9 @@ IN_PLACE_GATHER = True
 # (0.933) ran at 0.971 on 2 x 16 on 4 warps (a lead). sbhd's tile (2 positions x 8-16 heads) was
 # the best of the 14 or within 0.3 points of it in the probe.
 GATHERED_TILES = {"bshd": (4, 8, 2), "thd": (1, 16, 1)}
-GATHERED_TILE_ROW_BYTES = 192
+GATHERED_TILE_ROW_BYTES = (160, 192)  # from, to (bytes, inclusive)
 GATHERED_TILE_MIN_HEADS = {"bshd": 1, "thd": 16}
-# ... bshd's rows longer than this (up to GATHERED_TILE_ROW_BYTES) on 4 warps. At 24 of 96 in two
+# ... bshd's rows longer than this (up to GATHERED_TILE_ROW_BYTES[1]) on 4 warps. At 24 of 96 in two
 # runs (figures/rope2d_gathered_tiles_h200_rule1.json and _rule2.json), 4 x 8 on 4 warps 0.933 /
 # 0.939 and 0.942 / 0.942, on 2 0.920 / 0.922 and 0.923 / 0.924 (the tile before 0.928 / 0.877
 # and 0.938 / 0.890); at 20 of 80 on 4 warps 0.837 / 0.851 and 0.850 / 0.868, on 2 0.907 / 0.908

@@ -1135,7 +1135,7 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
     multiple of 16, or the switch off. In sbhd and in the interpreter the tile is the pairs', on
     2 warps at most (the pairs' 4 warps ran 0.66-0.89 of copy, 2 warps 0.86-0.97:
     figures/rope2d_gathered_h200.json); on a GPU in bshd and thd, out of place, the tile of
-    ``GATHERED_TILES`` for 16-bit rows of 80 or 96 channels (bshd 4 positions x 8 heads on 2
+    ``GATHERED_TILES`` for 16-bit rows of 80 or 96 channels, 160-192 B (bshd 4 positions x 8 heads on 2
     warps, on 4 at 96 channels, thd with 16 heads or more 1 token x 16 heads on 1 warp; fewer where there are fewer;
     figures/rope2d_gathered_tiles_h200.json)."""
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
@@ -1143,21 +1143,19 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
     for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (20, 12), (64, 8)):
         for args, own_tile in (
                 ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "sbhd"), None),
-                ((4096, 16, 32, head_dim, rotary_dim, gpu, 4, False, "bshd"),
-                 (4, 1, 8, 2) if head_dim <= 48 else None),  # float32 rows of <= 192 B
+                ((4096, 16, 32, head_dim, rotary_dim, gpu, 4, False, "bshd"), None),
                 ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "bshd"),
-                 (4, 1, 8, 2) if head_dim <= 80 else (4, 1, 8, 4) if head_dim <= 96 else None),
+                 {80: (4, 1, 8, 2), 96: (4, 1, 8, 4)}.get(head_dim)),
                 ((4096, 16, 4, head_dim, rotary_dim, gpu, 2, False, "bshd"),
-                 (4, 1, 4, 2) if head_dim <= 80 else (4, 1, 4, 4) if head_dim <= 96 else None),
+                 {80: (4, 1, 4, 2), 96: (4, 1, 4, 4)}.get(head_dim)),
                 ((1, 16, 32, head_dim, rotary_dim, gpu, 2, False, "bshd"),
-                 (1, 1, 8, 2) if head_dim <= 80 else (1, 1, 8, 4) if head_dim <= 96 else None),
+                 {80: (1, 1, 8, 2), 96: (1, 1, 8, 4)}.get(head_dim)),
                 ((65536, 1, 32, head_dim, rotary_dim, gpu, 2, False, "thd"),
-                 (1, 1, 16, 1) if head_dim <= 96 else None),
+                 (1, 1, 16, 1) if head_dim in (80, 96) else None),
                 ((65536, 1, 16, head_dim, rotary_dim, gpu, 2, False, "thd"),
-                 (1, 1, 16, 1) if head_dim <= 96 else None),
+                 (1, 1, 16, 1) if head_dim in (80, 96) else None),
                 ((65536, 1, 8, head_dim, rotary_dim, gpu, 2, False, "thd"), None),
-                ((65536, 1, 32, head_dim, rotary_dim, gpu, 4, False, "thd"),
-                 (1, 1, 16, 1) if head_dim <= 48 else None),
+                ((65536, 1, 32, head_dim, rotary_dim, gpu, 4, False, "thd"), None),
                 ((65536, 1, 32, head_dim, rotary_dim, cpu, 2, False, "thd"), None)):
             cfg = r2.default_config(*args)
             assert cfg["gather"] and cfg["whole_rows"], (args, cfg)
