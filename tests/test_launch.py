@@ -1134,10 +1134,11 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
     the interpreter, every format; not with interleaved pairs, the whole head rotated, a
     multiple of 16, or the switch off. In sbhd and in the interpreter the tile is the pairs', on
     2 warps at most (the pairs' 4 warps ran 0.66-0.89 of copy, 2 warps 0.86-0.97:
-    figures/rope2d_gathered_h200.json); on a GPU in bshd and thd, out of place, the tile of
-    ``GATHERED_TILES`` for 16-bit rows of 80 or 96 channels, 160-192 B (bshd 4 positions x 8 heads on 2
-    warps, on 4 at 96 channels, thd with 16 heads or more 1 token x 16 heads on 1 warp; fewer where there are fewer;
-    figures/rope2d_gathered_tiles_h200.json)."""
+    figures/rope2d_gathered_h200.json); on a GPU in bshd and thd, out of place, the tiles of
+    ``GATHERED_TILES`` for rows of 160-192 B (80 or 96 channels in 16-bit): bshd 4 positions x 8
+    heads on 2 warps, on 4 at 96 channels; thd with 16 heads or more 1 token x 16 heads on 1 warp;
+    fewer where there are fewer (figures/rope2d_gathered_tiles_h200.json). Emptied, the table
+    gives the pairs' tile again."""
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
     tile = ("block_s", "block_b", "block_h", "num_warps")
     for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (20, 12), (64, 8)):
@@ -1172,9 +1173,10 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
                 assert cfg["num_warps"] == min(2, off["num_warps"]), (args, cfg, off)
             else:
                 assert tuple(cfg[k] for k in tile) == own_tile, (args, cfg)
+                own_tiles = r2.GATHERED_TILES
                 monkeypatch.setattr(r2, "GATHERED_TILES", {})
                 pairs = r2.default_config(*args)
-                monkeypatch.undo()
+                monkeypatch.setattr(r2, "GATHERED_TILES", own_tiles)
                 assert {k: pairs[k] for k in tile[:3]} == {k: off[k] for k in tile[:3]}, args
     for head_dim, rotary_dim in ((80, 32), (128, 64), (64, 16), (80, 80), (20, 20)):
         assert not r2.default_config(4096, 16, 32, head_dim, rotary_dim, gpu)["gather"]
