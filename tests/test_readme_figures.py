@@ -373,7 +373,7 @@ def test_gathered_tiles_recording_is_quoted_as_recorded():
     """figures/rope2d_gathered_tiles_h200.json (scripts/rope2d_gathered_tiles.py): rope_2d's
     gathered rows out of place on GATHERED_TILES against the tiles of b25b2d3. Every call's tiles
     as the rule gives them now (a call whose tile changed is one the rule covers: bshd or thd,
-    rows of GATHERED_TILE_ROW_BYTES); the notes' table has every call's tiles and
+    16-bit); the notes' table has every call's tiles and
     fractions before -> after and the copy of the same bytes; the changed calls' range and median
     of the ratios and their fractions before and after in the notes, the README and the kernel
     file; the unchanged calls' range in the notes."""
@@ -415,5 +415,7 @@ def test_gathered_tiles_recording_is_quoted_as_recorded():
                and r["direction"] == "backward")
     assert f"{thd['of_copy']['before']:.3f} -> {thd['of_copy']['after']:.3f}" in readme
     # the rule as the record ran it
-    assert r2.GATHERED_TILES == {"bshd": (4, 8, 2), "thd": (1, 16, 1)}
-    assert r2.GATHERED_TILE_ROW_BYTES == (160, 192) and r2.GATHERED_BSHD_TWO_WARP_BYTES == 160
+    assert r2.GATHERED_TILES == {"bshd": ((160, (4, 8, 2)), (192, (4, 8, 4))),
+                                 "thd": ((192, (1, 16, 1)),)}
+    assert r2.GATHERED_TILE_MIN_ROW_BYTES == 160
+    assert r2.GATHERED_TILE_MIN_HEADS == {"bshd": 1, "thd": 16}
