@@ -27,9 +27,7 @@ sides' results the same bits.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
-import json
 import pathlib
 import statistics
 import sys
@@ -40,10 +38,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from qk_size_scan import HOST_AHEAD_TIMING, provenance, same  # noqa: E402
+from qk_size_scan import same  # noqa: E402
 from qk_table_hint import module_copy  # noqa: E402
 from rope2d_gathered import run  # noqa: E402
-from rope2d_in_place_unaligned import tile_of  # noqa: E402
+from rope2d_in_place_unaligned import tile_of, write_record  # noqa: E402
 from rope_kernels import bench  # noqa: E402
 
 after_module = importlib.import_module("rope_kernels.rope_2d")  # the package exports the function
@@ -106,7 +104,7 @@ def main(argv=None):
             results = {side: run(m, p, x, backward, cfg) for side, (m, cfg) in sides.items()}
             assert all(same(r, results["before"]) for r in results.values()), name
             tiles = {side: tile_of(m, lambda m=m: run(m, p, x, backward))
-                     for side, (m, _) in sides.items() if side in ("after", "before")}
+                     for side, m in (("after", after_module), ("before", before))}
             fns = {side: (lambda m=m, cfg=cfg: run(m, p, x, backward, cfg))
                    for side, (m, cfg) in sides.items()}
             fractions = bench.shuffled_rounds(fns, p.nbytes, copy_gbps, args.rounds,
@@ -128,19 +126,7 @@ def main(argv=None):
             del fns, results
         del p
         torch.cuda.empty_cache()
-    ratios = [row["after_over_before"] for row in rows]
-    print(f"after / before over {len(ratios)} calls: {min(ratios):.3f}-{max(ratios):.3f} "
-          f"(median {statistics.median(ratios):.3f})")
-    command = (f"python scripts/rope2d_gathered_tiles.py --before {args.before.name} "
-               f"--rounds {args.rounds}" + (" --tiles" if args.tiles else ""))
-    record = dict(provenance=provenance(copy_gbps, "rope2d_gathered_tiles", command,
-                                        HOST_AHEAD_TIMING), rows=rows)
-    record["provenance"]["before_sha256"] = hashlib.sha256(
-        args.before.read_bytes()).hexdigest()[:16]
-    if args.out:
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
-        print("wrote", args.out)
-
+    write_record(rows, args, copy_gbps, "rope2d_gathered_tiles")
 
 if __name__ == "__main__":
     main()

@@ -72,6 +72,23 @@ def tile_of(module, fn) -> str:
             f"ROW {c['ROW']}, GATHER {c['GATHER']}, CHANNEL_MULTIPLE {c.get('CHANNEL_MULTIPLE')}")
 
 
+def write_record(rows, args, copy_gbps, mode, **provenance_extra):
+    """Print the rows' after / before (range and median) and write them to ``args.out`` with the
+    provenance: the command line (``scripts/{mode}.py`` with ``--before``, ``--rounds`` and
+    ``--tiles`` as given), the side before's sha256 and ``provenance_extra``."""
+    ratios = [row["after_over_before"] for row in rows]
+    print(f"after / before: {min(ratios):.3f}-{max(ratios):.3f} "
+          f"(median {statistics.median(ratios):.3f}) over {len(ratios)} calls")
+    command = (f"python scripts/{mode}.py --before {args.before.name} --rounds {args.rounds}"
+               + (" --tiles" if args.tiles else ""))
+    prov = provenance(copy_gbps, mode, command, HOST_AHEAD_TIMING)
+    prov["before_sha256"] = hashlib.sha256(args.before.read_bytes()).hexdigest()[:16]
+    prov.update(provenance_extra)
+    if args.out:
+        args.out.write_text(json.dumps(dict(provenance=prov, rows=rows), indent=1) + "\n")
+        print("wrote", args.out)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=pathlib.Path, required=True)
@@ -132,19 +149,9 @@ def main(argv=None):
             del fns, work, want
         del p
         torch.cuda.empty_cache()
-    ratios = [row["after_over_before"] for row in rows]
-    print(f"after / before: {min(ratios):.3f}-{max(ratios):.3f} "
-          f"(median {statistics.median(ratios):.3f}) over {len(ratios)} calls")
-    command = (f"python scripts/rope2d_in_place_unaligned.py --before {args.before.name} "
-               f"--rounds {args.rounds}" + (" --tiles" if args.tiles else ""))
-    prov = provenance(copy_gbps, "rope2d_in_place_unaligned", command, HOST_AHEAD_TIMING)
-    prov["before_sha256"] = hashlib.sha256(args.before.read_bytes()).hexdigest()[:16]
-    prov["bytes"] = ("the rotated channels read and written once + the angle rows "
-                     "(Problem.rotated_nbytes)")
-    record = dict(provenance=prov, rows=rows)
-    if args.out:
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
-
+    write_record(rows, args, copy_gbps, "rope2d_in_place_unaligned",
+                 bytes="the rotated channels read and written once + the angle rows "
+                       "(Problem.rotated_nbytes)")
 
 if __name__ == "__main__":
     main()
