@@ -26,7 +26,6 @@ sides' results the same bits.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import pathlib
 import statistics
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from qk_size_scan import same  # noqa: E402
 from qk_table_hint import module_copy  # noqa: E402
 from rope2d_gathered import run  # noqa: E402
-from rope2d_in_place_unaligned import tile_of, write_record  # noqa: E402
+from rope2d_in_place_unaligned import arguments, tile_of, write_record  # noqa: E402
 from rope_kernels import bench  # noqa: E402
 
 after_module = importlib.import_module("rope_kernels.rope_2d")  # the package exports the function
@@ -80,11 +79,7 @@ PROBE_TILES = {"bshd": ((2, 1, 16, 2), (2, 1, 16, 4), (4, 1, 8, 4), (4, 1, 8, 2)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", type=pathlib.Path, required=True)
-    parser.add_argument("--out", type=pathlib.Path, default=None)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tiles", action="store_true", help="time PROBE_TILES too (a probe)")
+    parser = arguments(__doc__)
     parser.add_argument("--only", default=None, help="shape names separated by semicolons")
     args = parser.parse_args(argv)
     before = module_copy("rope_2d_before", args.before)

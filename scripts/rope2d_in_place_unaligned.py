@@ -89,13 +89,19 @@ def write_record(rows, args, copy_gbps, mode, **provenance_extra):
         print("wrote", args.out)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The A/B scripts' arguments, which ``write_record`` reads: ``--before``, ``--out``,
+    ``--rounds`` and ``--tiles``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--before", type=pathlib.Path, required=True)
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiles", action="store_true", help="time PROBE_TILES too (a probe)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = arguments(__doc__).parse_args(argv)
     before = module_copy("rope_2d_before", args.before)
     copy_gbps = bench.copy_bandwidth_gbps()
     rows = []
