@@ -749,12 +749,14 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
             # bytes moved; these 0.31-0.44 (see IN_PLACE_GATHER).
             cfg.update(block_s=min(2, _next_pow2(max(1, seq_rows))), block_b=1,
                        block_h=min(8, _next_pow2(max(1, heads))), num_warps=2)
-        elif on_gpu and (tile := _gathered_tile(tensor_format, heads, head_dim * element_size)):
-            # Out of place, rows of 80-96 channels in 16-bit, in bshd and thd: a tile of their
-            # own (GATHERED_TILES). The tiles the rules above gave them ran 0.4-28 points behind.
-            block_s, block_h, num_warps = tile
-            cfg.update(block_s=min(block_s, _next_pow2(max(1, seq_rows))), block_b=1,
-                       block_h=min(block_h, _next_pow2(max(1, heads))), num_warps=num_warps)
+        elif on_gpu and (tile := _gathered_tile(tensor_format, heads, head_dim, element_size)):
+            # Out of place, 16-bit rows of 80-160 channels in bshd and thd: a tile of their own
+            # on 1 warp (GATHERED_TILES). The tiles the rules above gave them ran up to 28 points
+            # behind.
+            rows, num_warps = tile
+            block_h = min(rows, _next_pow2(max(1, heads)))  # heads first, then positions
+            cfg.update(block_s=min(rows // block_h, _next_pow2(max(1, seq_rows))), block_b=1,
+                       block_h=block_h, num_warps=num_warps)
     # bshd tiles of several positions: the whole-row backward gathers its partners' sines in
     # registers (a power-of-two rotary_dim; with another one it computes them again).
     cfg["gather_sines"] = (cfg["whole_rows"] and tensor_format in GATHER_SINES_FORMATS
@@ -793,29 +795,21 @@ GATHERED_PARTNERS = True
 # default_config). With CHANNEL_MULTIPLES 1.119-2.764 times the speed of 8c81001
 # (figures/rope2d_in_place_unaligned_h200.json).
 IN_PLACE_GATHER = True
-# Out of place, GATHER's tiles of their own in bshd and thd: per format, (the largest row in bytes,
-# (positions, heads, warps)) in order, for rows of GATHERED_TILE_MIN_ROW_BYTES or more (the sizes
-# measured: head_dim 80 or 96 in 16-bit) and GATHERED_TILE_MIN_HEADS heads or more. Chosen in a
-# probe of 14 tiles at three calls and checked at ten more. H200, 16 x 4096 tokens of 32 heads
-# unless said, 3 shuffled rounds, fraction of copy forward / backward, the tile before -> this one
-# (figures/rope2d_gathered_tiles_h200.json): thd at 20 of 80 in 4096 sequences, 1 token x 16
-# heads on 2 warps 0.847 / 0.723 -> on 1 warp 0.964 / 0.957, in 16 sequences 0.762 / 0.682 ->
-# 0.967 / 0.966, 24 of 96 in 64 sequences (1 x 8 on 2 warps) 0.901 / 0.779 -> 0.969 / 0.961; bshd
-# at 20 of 80, 8 positions x 4 heads 0.872 / 0.860 -> 4 x 8 0.906 / 0.908, with 8 heads (1 x 8)
-# 0.788 / 0.664 -> 0.912 / 0.913. thd's 1 x 16 on 2 warps compiles to the same instructions as 2
-# tokens x 8 heads on 2 warps (0.962 / 0.961 there) but for the indexing; why it runs so much
-# slower is not known. bshd's 192 B rows (24 of 96) on 4 warps, its 160 B ones on 2: in two runs
-# (figures/rope2d_gathered_tiles_h200_rule1.json and _rule2.json) 24 of 96 ran 0.933 / 0.939 and
-# 0.942 / 0.942 on 4 warps, 0.920 / 0.922 and 0.923 / 0.924 on 2 (the tile before 0.928 / 0.877
-# and 0.938 / 0.890); 20 of 80 0.837 / 0.851 and 0.850 / 0.868 on 4, 0.907 / 0.908 and 0.906 /
-# 0.907 on 2. Wider rows (head_dim 128 or 160, float32) and thd with 8 heads keep the tiles
-# before: there a first rule's tiles (4 x 8 and 2 x 8 on 2 warps) lost up to 4 points (bshd 24 of
-# 128 0.944 / 0.927 -> 0.902 / 0.909, _rule1.json), though bshd's 40 of 160 backward (0.933) ran
-# at 0.971 on 2 x 16 on 4 warps (a lead). sbhd's tile (2 positions x 8-16 heads) was the best of
-# the 14 or within 0.3 points of it in the probe.
-GATHERED_TILES = {"bshd": ((160, (4, 8, 2)), (192, (4, 8, 4))), "thd": ((192, (1, 16, 1)),)}
+# Out of place, GATHER's tiles of their own in bshd and thd, for 16-bit rows of
+# GATHERED_TILE_MIN_ROW_BYTES or more: per format, (the largest row in bytes, (rows, warps)) in
+# order. A tile holds `rows` rows (one head of one position or token each), heads first: 1
+# position x 16 heads, or 2 x 8 where there are 8 heads. On 1 warp: a probe of 10-14 tiles at 16
+# calls (H200, 3 shuffled rounds, not recorded) found 1-warp tiles ahead at every bshd call and
+# the tiles before 2-5 points behind at 160-192 B rows, 2-4 at 256-320 B ones backward; the
+# record's numbers are in figures/rope2d_gathered_one_warp_h200.json. Before: thd 1 x 16 on 1 warp
+# with 16 heads or more (figures/rope2d_gathered_tiles_h200.json: 1 x 16 on 2 warps 0.847 / 0.723
+# of copy at 20 of 80, on 1 0.964 / 0.957; why 2 warps run so much slower is not known), bshd 4
+# positions x 8 heads on 2 warps (4 at 96 channels), wider rows the general tiles. float32 keeps
+# the general tiles: 1 x 8 on 1 warp was level backward and 1 point behind forward at bshd's
+# 20 of 80 in the probe. sbhd's tile (2 positions x 8-16 heads) was the best of 14 or within 0.3
+# points of it in an earlier probe.
+GATHERED_TILES = {"bshd": ((192, (16, 1)), (320, (8, 1))), "thd": ((192, (16, 1)),)}
 GATHERED_TILE_MIN_ROW_BYTES = 160
-GATHERED_TILE_MIN_HEADS = {"bshd": 1, "thd": 16}
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where
 # a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``).
 CHANNEL_MULTIPLES = True
@@ -1044,11 +1038,12 @@ def _wait_first(n_tokens: int, n_seqs: int, row_bytes: int, element_size: int) -
             and n_tokens >= WAIT_FIRST_MEAN_TOKENS * max(1, n_seqs))
 
 
-def _gathered_tile(tensor_format: str, heads: int, row_bytes: int) -> Optional[tuple]:
-    """GATHERED_TILES' (positions, heads, warps) for GATHER's rows of ``row_bytes`` (one head),
-    out of place on a GPU, or None where the table has none."""
-    if row_bytes < GATHERED_TILE_MIN_ROW_BYTES or heads < GATHERED_TILE_MIN_HEADS.get(
-            tensor_format, 1):
+def _gathered_tile(tensor_format: str, heads: int, head_dim: int,
+                   element_size: int) -> Optional[tuple]:
+    """GATHERED_TILES' (rows, warps) for GATHER's rows of ``head_dim`` channels of
+    ``element_size`` bytes, out of place on a GPU, or None where the table has none."""
+    row_bytes = head_dim * element_size
+    if element_size != 2 or row_bytes < GATHERED_TILE_MIN_ROW_BYTES:
         return None
     return next((tile for largest, tile in GATHERED_TILES.get(tensor_format, ())
                  if row_bytes <= largest), None)

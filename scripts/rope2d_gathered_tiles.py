@@ -78,22 +78,22 @@ PROBE_TILES = {"bshd": ((2, 1, 16, 2), (2, 1, 16, 4), (4, 1, 8, 4), (4, 1, 8, 2)
                "thd": ((2, 1, 8, 2), (1, 1, 16, 2), (4, 1, 8, 4), (4, 1, 4, 2))}
 
 
-def main(argv=None):
-    parser = arguments(__doc__)
-    parser.add_argument("--only", default=None, help="shape names separated by semicolons")
-    args = parser.parse_args(argv)
+def compare(args, shapes, probe_tiles, mode):
+    """Time ``args.before``'s rope_2d against the package's at ``shapes`` (name -> bench.Problem
+    arguments, or those named in ``args.only``), and with ``args.tiles`` the package's on
+    ``probe_tiles``; print each call and write the record as ``scripts/{mode}.py``'s."""
     before = module_copy("rope_2d_before", args.before)
     copy_gbps = bench.copy_bandwidth_gbps()
     rows = []
-    names = list(SHAPES) if args.only is None else args.only.split(";")
+    names = list(shapes) if args.only is None else args.only.split(";")
     for name in names:
-        p = bench.Problem(**SHAPES[name])
+        p = bench.Problem(**shapes[name])
         copy_same = bench.copy_same_bytes_gbps(p.nbytes) / copy_gbps
         for backward in (False, True):
             x = p.grad if backward else p.t
             sides = {"after": (after_module, None), "before": (before, None)}
             if args.tiles:
-                for s, b, h, w in PROBE_TILES[p.tensor_format]:
+                for s, b, h, w in probe_tiles[p.tensor_format]:
                     sides[f"{s}x{b}x{h} w{w}"] = (after_module, dict(
                         block_s=s, block_b=b, block_h=h, num_warps=w))
             results = {side: run(m, p, x, backward, cfg) for side, (m, cfg) in sides.items()}
@@ -121,7 +121,20 @@ def main(argv=None):
             del fns, results
         del p
         torch.cuda.empty_cache()
-    write_record(rows, args, copy_gbps, "rope2d_gathered_tiles")
+    write_record(rows, args, copy_gbps, mode)
+
+
+def arguments_with_only(doc):
+    """``arguments`` and ``--only``."""
+    parser = arguments(doc)
+    parser.add_argument("--only", default=None, help="shape names separated by semicolons")
+    return parser
+
+
+def main(argv=None):
+    compare(arguments_with_only(__doc__).parse_args(argv), SHAPES, PROBE_TILES,
+            "rope2d_gathered_tiles")
+
 
 if __name__ == "__main__":
     main()
