@@ -690,11 +690,12 @@ def default_config(seq_rows: int, batch: int, heads: int, head_dim: int, rotary_
       element alone, ran at 0.485-0.779 of copy, these plans on the tile's 4 warps at
       0.659-0.929 and on 2 at 0.716-0.966 (sbhd 20 of 80 0.541 -> 0.924 forward, 0.548 -> 0.923
       backward; thd's backward the lowest, 0.545 -> 0.716); the same bits. Out of place in bshd
-      and thd, 16-bit rows of 80 or 96 channels take tiles of their own (``GATHERED_TILES``: thd
-      with 16 heads or more 1 token x 16 heads on 1 warp, bshd 4 positions x 8 heads on 2 warps,
-      4 at 96 channels): 14 calls on an H200 at 1.004-1.418 times the speed of the tiles before,
-      0.664-0.932 -> 0.906-0.969 of copy, thd's backward at 20 of 80 0.723 -> 0.957
-      (figures/rope2d_gathered_tiles_h200.json). In place (``out=t``,
+      and thd, 16-bit rows of 80-160 channels take tiles of their own on 1 warp
+      (``GATHERED_TILES``: 16 rows of 160-192 B, 1 position or token x 16 heads, 2 x 8 with 8
+      heads; in bshd 8 rows of 193-320 B): 38 calls on an H200 at 1.000-1.144 times the speed of
+      7177d89's tiles (median 1.037), 0.795-0.968 -> 0.850-0.980 of copy, bshd at 20 of 80
+      0.907 -> 0.956 (figures/rope2d_gathered_one_warp_h200.json; those tiles, 2 warps in bshd,
+      figures/rope2d_gathered_tiles_h200.json). In place (``out=t``,
       the heads narrowed to rotary_dim: ``IN_PLACE_GATHER``) too, masked at rotary_dim, which
       the kernel is told is a multiple of 4 or 8 (``CHANNEL_MULTIPLE``), on 2 positions x 8 heads
       on 2 warps: the tiles sized for the narrowed heads (2-4 positions x 32-64 heads) ran at
@@ -799,14 +800,18 @@ IN_PLACE_GATHER = True
 # GATHERED_TILE_MIN_ROW_BYTES or more: per format, (the largest row in bytes, (rows, warps)) in
 # order. A tile holds `rows` rows (one head of one position or token each), heads first: 1
 # position x 16 heads, or 2 x 8 where there are 8 heads. On 1 warp: a probe of 10-14 tiles at 16
-# calls (H200, 3 shuffled rounds, not recorded) found 1-warp tiles ahead at every bshd call and
-# the tiles before 2-5 points behind at 160-192 B rows, 2-4 at 256-320 B ones backward; the
-# record's numbers are in figures/rope2d_gathered_one_warp_h200.json. Before: thd 1 x 16 on 1 warp
+# calls (H200, 3 shuffled rounds, not recorded) found 1-warp tiles ahead at every bshd call.
+# Recorded at those 16 and 10 held out (figures/rope2d_gathered_one_warp_h200.json, H200, 3
+# shuffled rounds, fraction of copy forward / backward, 7177d89's tile -> this one): bshd 20 of
+# 80 0.907 / 0.908 -> 0.956 / 0.956 (4 x 8 on 2 warps -> 1 x 16), with 4 heads 0.855 / 0.819 ->
+# 0.911 / 0.883 (4 x 4 on 2 warps -> on 1), 40 of 160 0.968 / 0.931 -> 0.968 / 0.974, 28 of 112
+# (held out) 0.908 / 0.896 -> 0.944 / 0.938; thd's 8-head packs 2 x 8 on 2 warps -> on 1 0.909
+# / 0.899 -> 0.937 / 0.902 in 256 sequences. Before: thd 1 x 16 on 1 warp
 # with 16 heads or more (figures/rope2d_gathered_tiles_h200.json: 1 x 16 on 2 warps 0.847 / 0.723
 # of copy at 20 of 80, on 1 0.964 / 0.957; why 2 warps run so much slower is not known), bshd 4
 # positions x 8 heads on 2 warps (4 at 96 channels), wider rows the general tiles. float32 keeps
-# the general tiles: 1 x 8 on 1 warp was level backward and 1 point behind forward at bshd's
-# 20 of 80 in the probe. sbhd's tile (2 positions x 8-16 heads) was the best of 14 or within 0.3
+# the general tiles: at bshd's 20 of 80 in the probe 1 x 8 on 1 warp ran 0.926 / 0.935 against
+# 0.934 / 0.934. sbhd's tile (2 positions x 8-16 heads) was the best of 14 or within 0.3
 # points of it in an earlier probe.
 GATHERED_TILES = {"bshd": ((192, (16, 1)), (320, (8, 1))), "thd": ((192, (16, 1)),)}
 GATHERED_TILE_MIN_ROW_BYTES = 160

@@ -12,7 +12,9 @@ format: in thd one token's 16 heads on 2 warps, in bshd 8 (or 4) positions x 4 h
 14 tiles a call found those 12-24 points of copy behind the best in thd and 3-5 in bshd;
 ``GATHERED_TILES`` gives 16-bit rows of 80 or 96 channels 1 token x 16 heads on 1 warp in thd
 (16 heads or more) and 4 positions x 8 heads in bshd, on 2 warps (4 at 96 channels); sbhd keeps
-its tile, the best in the same probe.
+its tile, the best in the same probe. (Since f5fd49d ``GATHERED_TILES`` puts those rows on 1
+warp in bshd too, and this script times the tiles of today's file; that change's own A/B is
+``scripts/rope2d_gathered_one_warp.py``.)
 
 Times both files' ``rope_2d`` (out of place) in one process, each file a module with its own plan
 table, at ``SHAPES``: the three calls the tiles were chosen on, and ten they were not (other head

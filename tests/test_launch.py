@@ -1134,11 +1134,11 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
     the interpreter, every format; not with interleaved pairs, the whole head rotated, a
     multiple of 16, or the switch off. In sbhd and in the interpreter the tile is the pairs', on
     2 warps at most (the pairs' 4 warps ran 0.66-0.89 of copy, 2 warps 0.86-0.97:
-    figures/rope2d_gathered_h200.json); on a GPU in bshd and thd, out of place, the tiles of
-    ``GATHERED_TILES`` for rows of 160-192 B (80 or 96 channels in 16-bit): bshd 4 positions x 8
-    heads on 2 warps, on 4 at 96 channels; thd with 16 heads or more 1 token x 16 heads on 1 warp;
-    fewer where there are fewer (figures/rope2d_gathered_tiles_h200.json). Emptied, the table
-    gives the pairs' tile again."""
+    figures/rope2d_gathered_h200.json); on a GPU in bshd and thd, out of place, in 16-bit, the
+    tiles of ``GATHERED_TILES`` on 1 warp, heads first: rows of 160-192 B (80 or 96 channels) 16
+    to a program (1 position or token x 16 heads, 2 x 8 with 8 heads, 4 x 4 with 4), in bshd
+    rows of 193-320 B (160 channels) 8 (figures/rope2d_gathered_one_warp_h200.json). Emptied,
+    the table gives the pairs' tile again."""
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
     tile = ("block_s", "block_b", "block_h", "num_warps")
     for head_dim, rotary_dim in ((80, 20), (96, 24), (160, 40), (20, 12), (64, 8)):
@@ -1146,16 +1146,19 @@ def test_default_config_gathers_partners_only_where_rotary_dim_is_unaligned(monk
                 ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "sbhd"), None),
                 ((4096, 16, 32, head_dim, rotary_dim, gpu, 4, False, "bshd"), None),
                 ((4096, 16, 32, head_dim, rotary_dim, gpu, 2, False, "bshd"),
-                 {80: (4, 1, 8, 2), 96: (4, 1, 8, 4)}.get(head_dim)),
+                 {80: (1, 1, 16, 1), 96: (1, 1, 16, 1), 160: (1, 1, 8, 1)}.get(head_dim)),
                 ((4096, 16, 4, head_dim, rotary_dim, gpu, 2, False, "bshd"),
-                 {80: (4, 1, 4, 2), 96: (4, 1, 4, 4)}.get(head_dim)),
+                 {80: (4, 1, 4, 1), 96: (4, 1, 4, 1), 160: (2, 1, 4, 1)}.get(head_dim)),
                 ((1, 16, 32, head_dim, rotary_dim, gpu, 2, False, "bshd"),
-                 {80: (1, 1, 8, 2), 96: (1, 1, 8, 4)}.get(head_dim)),
+                 {80: (1, 1, 16, 1), 96: (1, 1, 16, 1), 160: (1, 1, 8, 1)}.get(head_dim)),
+                ((1, 16, 4, head_dim, rotary_dim, gpu, 2, False, "bshd"),
+                 {80: (1, 1, 4, 1), 96: (1, 1, 4, 1), 160: (1, 1, 4, 1)}.get(head_dim)),
                 ((65536, 1, 32, head_dim, rotary_dim, gpu, 2, False, "thd"),
                  (1, 1, 16, 1) if head_dim in (80, 96) else None),
                 ((65536, 1, 16, head_dim, rotary_dim, gpu, 2, False, "thd"),
                  (1, 1, 16, 1) if head_dim in (80, 96) else None),
-                ((65536, 1, 8, head_dim, rotary_dim, gpu, 2, False, "thd"), None),
+                ((65536, 1, 8, head_dim, rotary_dim, gpu, 2, False, "thd"),
+                 (2, 1, 8, 1) if head_dim in (80, 96) else None),
                 ((65536, 1, 32, head_dim, rotary_dim, gpu, 4, False, "thd"), None),
                 ((65536, 1, 32, head_dim, rotary_dim, cpu, 2, False, "thd"), None)):
             cfg = r2.default_config(*args)

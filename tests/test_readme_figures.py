@@ -369,21 +369,16 @@ def test_in_place_unaligned_recordings_are_quoted_as_recorded():
     assert quoted in README, quoted
 
 
-def test_gathered_tiles_recording_is_quoted_as_recorded():
-    """figures/rope2d_gathered_tiles_h200.json (scripts/rope2d_gathered_tiles.py): rope_2d's
-    gathered rows out of place on GATHERED_TILES against the tiles of b25b2d3. Every call's tiles
-    as the rule gives them now (a call whose tile changed is one the rule covers: bshd or thd,
-    16-bit); the notes' table has every call's tiles and
-    fractions before -> after and the copy of the same bytes; the changed calls' range and median
-    of the ratios and their fractions before and after in the notes, the README and the kernel
-    file; the unchanged calls' range in the notes."""
-    import importlib
-
-    r2 = importlib.import_module("rope_kernels.rope_2d")
-    rows = json.loads((FIGURES / "rope2d_gathered_tiles_h200.json").read_text())["rows"]
-    source = (ROOT / "rope_kernels" / "rope_2d.py").read_text()
-    section = NOTES[NOTES.index("`figures/rope2d_gathered_tiles_h200.json`: H200"):]
-    lines = [line for line in section.splitlines() if line.startswith("| ")]
+def _gathered_tiles_record(name, notes_anchor):
+    """A record of rope_2d's gathered tiles (scripts/rope2d_gathered_tiles.py's ``compare``):
+    its rows, those whose tile changed and those whose did not, after checking that only calls
+    the rule covers changed tile (bshd or thd, 16-bit) and that the notes' table (the section
+    from ``notes_anchor``) has every call's tiles, fractions before -> after and the copy of the
+    same bytes."""
+    rows = json.loads((FIGURES / name).read_text())["rows"]
+    section = NOTES[NOTES.index(notes_anchor):]
+    lines = [line for line in section[:section.index("\n## ")].splitlines()
+             if line.startswith("| ")]
     changed = [r for r in rows if r["tiles"]["before"] != r["tiles"]["after"]]
     unchanged = [r for r in rows if r["tiles"]["before"] == r["tiles"]["after"]]
     for row in changed:
@@ -396,26 +391,75 @@ def test_gathered_tiles_recording_is_quoted_as_recorded():
         column = 2 if row["direction"] == "forward" else 3
         assert cells[column] == f"{row['of_copy']['before']:.3f} -> {row['of_copy']['after']:.3f}"
         assert cells[4] == f"{row['copy_same']:.3f}", (row, cells)
+    return rows, changed, unchanged
 
-    def span(values):
-        return f"{min(values):.3f}-{max(values):.3f}"
 
+def _span(values):
+    return f"{min(values):.3f}-{max(values):.3f}"
+
+
+def test_gathered_tiles_recording_is_quoted_as_recorded():
+    """figures/rope2d_gathered_tiles_h200.json (scripts/rope2d_gathered_tiles.py): rope_2d's
+    gathered rows out of place on 702043b's GATHERED_TILES against the tiles of b25b2d3. The
+    notes' table and the checks of ``_gathered_tiles_record``; the changed calls' range and
+    median of the ratios in the notes, their fractions before and after and thd's backward at 20
+    of 80 in the README; the unchanged calls' range in the notes."""
+    rows, changed, unchanged = _gathered_tiles_record(
+        "rope2d_gathered_tiles_h200.json", "`figures/rope2d_gathered_tiles_h200.json`: H200")
     ratios = [r["after_over_before"] for r in changed]
-    readme, source = " ".join(README.split()), " ".join(source.split())
-    quoted = f"{len(changed)} calls at {span(ratios)} times the speed of the tiles before"
-    assert quoted in readme, quoted
-    assert f"{len(changed)} calls on an H200 at {span(ratios)} times the speed" in source
-    assert (f"**{span(ratios)} times the speed before** (median {statistics.median(ratios):.3f})"
+    readme = " ".join(README.split())
+    assert f"{len(changed)} calls at {_span(ratios)} times the speed of the tiles before" in readme
+    assert (f"**{_span(ratios)} times the speed before** (median {statistics.median(ratios):.3f})"
             in NOTES)
-    fractions = (f"{span([r['of_copy']['before'] for r in changed])} -> "
-                 f"{span([r['of_copy']['after'] for r in changed])} of copy")
-    assert fractions in readme and fractions in source, fractions
-    assert f"plan did not change: {span([r['after_over_before'] for r in unchanged])}" in NOTES
+    fractions = (f"{_span([r['of_copy']['before'] for r in changed])} -> "
+                 f"{_span([r['of_copy']['after'] for r in changed])} of copy")
+    assert fractions in readme, fractions
+    assert f"plan did not change: {_span([r['after_over_before'] for r in unchanged])}" in NOTES
     thd = next(r for r in rows if r["shape"].startswith("thd hd80 rot20, 4096")
                and r["direction"] == "backward")
     assert f"{thd['of_copy']['before']:.3f} -> {thd['of_copy']['after']:.3f}" in readme
+
+
+def test_gathered_one_warp_recording_is_quoted_as_recorded():
+    """figures/rope2d_gathered_one_warp_h200.json (scripts/rope2d_gathered_one_warp.py): the
+    gathered rows on f5fd49d's 1-warp GATHERED_TILES against 7177d89's. The notes' table and the
+    checks of ``_gathered_tiles_record``; every changed call now on 1 warp and every held-out one
+    changed; the changed calls' range and median of the ratios (and the held-out ones') in the
+    notes, the README and the kernel file, their fractions before and after in the README and
+    the kernel file, bshd's at 20 of 80 in the README, the unchanged calls' range in the notes;
+    and the rule as the record ran it."""
+    import importlib
+
+    r2 = importlib.import_module("rope_kernels.rope_2d")
+    rows, changed, unchanged = _gathered_tiles_record(
+        "rope2d_gathered_one_warp_h200.json", "`figures/rope2d_gathered_one_warp_h200.json`: H200")
+    held_out = [r for r in rows if "chosen on" not in r["shape"]]
+    assert held_out and all(r in changed for r in held_out)
+    assert all(r["tiles"]["after"].split(", ROW")[0].endswith("on 1 warps") for r in changed)
+    ratios = [r["after_over_before"] for r in changed]
+    held_ratios = [r["after_over_before"] for r in held_out]
+    readme = " ".join(README.split())
+    source = " ".join((ROOT / "rope_kernels" / "rope_2d.py").read_text().split())
+    median = f"{statistics.median(ratios):.3f}"
+    assert (f"{len(changed)} calls at {_span(ratios)} times the speed of the tiles before "
+            f"(median {median})") in readme
+    assert (f"{len(changed)} calls on an H200 at {_span(ratios)} times the speed of 7177d89's "
+            f"tiles (median {median})") in source
+    assert f"**{_span(ratios)} times the speed before** (median {median})" in NOTES
+    assert (f"the {len(held_out)} held-out ones {_span(held_ratios)} (median "
+            f"{statistics.median(held_ratios):.3f})") in " ".join(NOTES.split())
+    fractions = (f"{_span([r['of_copy']['before'] for r in changed])} -> "
+                 f"{_span([r['of_copy']['after'] for r in changed])} of copy")
+    assert fractions in readme and fractions in source, fractions
+    assert f"plan did not change: {_span([r['after_over_before'] for r in unchanged])}" in NOTES
+    bshd = {r["direction"]: r for r in rows if r["shape"] == "bshd hd80 rot20 (chosen on)"}
+    quoted = (f"{bshd['forward']['of_copy']['before']:.3f} / "
+              f"{bshd['backward']['of_copy']['before']:.3f} -> "
+              f"{bshd['forward']['of_copy']['after']:.3f} / "
+              f"{bshd['backward']['of_copy']['after']:.3f} where a copy of the same bytes reaches "
+              f"{bshd['forward']['copy_same']:.3f}")
+    assert quoted in readme, quoted
     # the rule as the record ran it
-    assert r2.GATHERED_TILES == {"bshd": ((160, (4, 8, 2)), (192, (4, 8, 4))),
-                                 "thd": ((192, (1, 16, 1)),)}
+    assert r2.GATHERED_TILES == {"bshd": ((192, (16, 1)), (320, (8, 1))),
+                                 "thd": ((192, (16, 1)),)}
     assert r2.GATHERED_TILE_MIN_ROW_BYTES == 160
-    assert r2.GATHERED_TILE_MIN_HEADS == {"bshd": 1, "thd": 16}
