@@ -899,6 +899,17 @@ CHANNEL_MULTIPLES = True
 # cos/sin cache with part of 128 B rows rotated (PARTIAL_128B_CACHE_TILES).
 FEW_K_HEAD_TILES = True
 PADDED_TRANSPOSED_PAIRS = True
+# ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results
+# are not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as
+# large), Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp
+# tiles before had never been tried on 1 warp; rope_2d's gathered rows had just run up to 5.5%
+# faster so (rope_2d.GATHERED_TILES). A probe (H200, 3 shuffled rounds, not recorded, 7 models'
+# shapes in bf16 and fp16, 10 tiles): the cache at 20 of 80 on 1 x 16 0.985 of copy against 0.960
+# on 4 x 8 on 2 warps, 24 of 128 on 1 x 8 0.979 against 0.965, GPT-NeoX 20B's 64 heads of 96
+# level (0.978 against 0.979); Hugging Face's call on 2 x 4 0.4-2.6 points ahead of 4 x 4 on 2
+# warps at rows of 160-256 B, behind at 320 B (40 of 160, where 4 x 4 on 1 warp led). Recorded:
+# figures/qk_gathered_one_warp_h200.json.
+GATHERED_ONE_WARP_TILES = {"cache": ((192, 16), (320, 8)), "transposed": ((256, (2, 4)),)}
 PARTIAL_128B_CACHE_TILES = True
 
 
@@ -981,13 +992,25 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         return dict(block_s=min(_next_pow2(max(1, seq_len)), 4),
                     block_h=min(4, _next_pow2(max(q_heads, k_heads))), num_warps=2,
                     all_heads=False, whole_rows=True, gather=True)
-    if transposed:
-        rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
+    row_bytes = head_dim * element_size
+    one_warp = next((tile for largest, tile in GATHERED_ONE_WARP_TILES["transposed" if transposed
+                                                                        else "cache"]
+                     if row_bytes <= largest), None) if element_size == 2 else None
+    if one_warp is not None and not transposed:
+        # q's heads first, k's blocks the same size (the probe's tiles)
+        rows = one_warp
+        block_h = min(rows, _next_pow2(max(1, q_heads)))
     else:
-        rows, block_h = (32 if head_dim * element_size <= 192 else 16), 8
-    block_h = min(block_h, _next_pow2(max(1, min(q_heads, k_heads))))
+        if one_warp is not None:
+            rows, block_h = one_warp[0] * one_warp[1], one_warp[1]
+        elif transposed:
+            rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
+        else:
+            rows, block_h = (32 if row_bytes <= 192 else 16), 8
+        block_h = min(block_h, _next_pow2(max(1, min(q_heads, k_heads))))
     return dict(block_s=min(_next_pow2(max(1, seq_len)), rows // block_h), block_h=block_h,
-                num_warps=2, all_heads=False, whole_rows=True, gather=True)
+                num_warps=1 if one_warp is not None else 2, all_heads=False, whole_rows=True,
+                gather=True)
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,

@@ -11,6 +11,8 @@
     git show 7b5d384:rope_kernels/rope_qk.py > /tmp/rope_qk_7b5d384.py
     python scripts/qk_head_counts.py --before /tmp/rope_qk_7b5d384.py --only SHAPE,... \
         [--out figures/qk_gathered_partners_h200.json]
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_0ba0055.py --only SHAPE,... \
+        [--out figures/qk_gathered_one_warp_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -24,7 +26,9 @@ third recording takes more models' shapes against the tiles of 683f4f5: few k he
 and a quarter of 128 B rows through the cache (``PARTIAL_128B_CACHE_TILES``). The fourth takes
 the calls whose rotary_dim is not a multiple of 16, in bf16, fp16 and float32, against the tiles
 of 7b5d384 (the pairs with the channels past rotary_dim as whole rows, ``PASS_ROWS``): whole
-rows with the partners gathered in registers (``GATHERED_PARTNERS``).
+rows with the partners gathered in registers (``GATHERED_PARTNERS``). The fifth takes those
+calls' tiles on 1 warp (``GATHERED_ONE_WARP_TILES``) against the tiles of 0ba0055, at five of the
+probe's shapes and seven held out.
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an
@@ -113,6 +117,16 @@ SHAPES = {
     "hd96 64q/64k rot24 fp32 batch 4": dict(heads=64, k_heads=64, head_dim=96,
                                             rotary_percent=0.25, dtype="fp32", batch=4),
     "hd160 32q/2k rot40": dict(heads=32, k_heads=2, head_dim=160, rotary_percent=0.25),
+    # held out from the probe of the fifth recording (the gathered rows on 1 warp)
+    "hd96 32q/8k rot24": dict(heads=32, k_heads=8, head_dim=96, rotary_percent=0.25),
+    "hd112 32q/32k rot28": dict(heads=32, k_heads=32, head_dim=112, rotary_percent=0.25),
+    "hd128 16q/16k rot24": dict(heads=16, k_heads=16, rotary_percent=0.1875),
+    "hd80 8q/8k rot20 batch 64": dict(heads=8, k_heads=8, head_dim=80, rotary_percent=0.25,
+                                      batch=64),
+    "hd96 64q/64k rot24 fp16 batch 8": dict(heads=64, k_heads=64, head_dim=96,
+                                            rotary_percent=0.25, dtype="fp16", batch=8),
+    "hd80 32q/32k rot20 1024 tokens": dict(heads=32, k_heads=32, head_dim=80,
+                                           rotary_percent=0.25, seq_len=1024),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),
