@@ -899,18 +899,23 @@ CHANNEL_MULTIPLES = True
 # cos/sin cache with part of 128 B rows rotated (PARTIAL_128B_CACHE_TILES).
 FEW_K_HEAD_TILES = True
 PADDED_TRANSPOSED_PAIRS = True
-# ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results
-# are not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as
-# large), Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp
-# tiles before had never been tried on 1 warp; rope_2d's gathered rows had just run up to 5.5%
-# faster so (rope_2d.GATHERED_TILES). A probe (H200, 3 shuffled rounds, not recorded, 7 models'
-# shapes in bf16 and fp16, 10 tiles): the cache at 20 of 80 on 1 x 16 0.985 of copy against 0.960
-# on 4 x 8 on 2 warps, 24 of 128 on 1 x 8 0.979 against 0.965, GPT-NeoX 20B's 64 heads of 96
-# level (0.978 against 0.979); Hugging Face's call on 2 x 4 0.4-2.6 points ahead of 4 x 4 on 2
-# warps at rows of 160-256 B, behind at 320 B (40 of 160, where 4 x 4 on 1 warp led). Recorded:
-# figures/qk_gathered_one_warp_h200.json.
-# With 8 q heads (and 8 k, held out in a first run of the recording) 1 warp lost: Hugging Face's
-# backward 0.914 -> 0.879, the cache 0.961 -> 0.952; so only from 16 q heads.
+# ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
+# not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),
+# Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp tiles before
+# had never been tried on 1 warp; rope_2d's gathered rows had just run up to 5.5% faster so
+# (rope_2d.GATHERED_TILES). A probe (H200, 3 shuffled rounds, not recorded, 7 models' shapes in bf16
+# and fp16, 10 tiles): the cache at 20 of 80 on 1 x 16 0.985 of copy against 0.960 on 4 x 8 on 2
+# warps, 24 of 128 on 1 x 8 0.979 against 0.965, GPT-NeoX 20B's 64 heads of 96 level (0.978 against
+# 0.979); Hugging Face's call on 2 x 4 0.4-2.6 points ahead of 4 x 4 on 2 warps at rows of 160-256
+# B, behind at 320 B (40 of 160, where 4 x 4 on 1 warp led). Recorded against 0ba0055 at 5 of the
+# probe's shapes and 7 held out (figures/qk_gathered_one_warp_h200.json, H200, 3 shuffled rounds):
+# the 29 calls whose tile changed at 0.998-1.130 times the speed (median 1.011), the same bits; the
+# cache 0.825-0.980 -> 0.922-0.985 of copy (Pythia 2.8B's 20 of 80 0.962 -> 0.984, 40 of 160 with 2
+# k heads 0.825 -> 0.932), Hugging Face's call 0.884-0.948 -> 0.893-0.956. With 8 q and 8 k heads
+# (held out) the recording's first run (_run1.json) had 1 warp behind: Hugging Face's backward 0.914
+# -> 0.879, the cache 0.961 -> 0.952; so only from 16 q heads. The run recorded, with both sides on
+# one tile there, measured that backward at 0.949 and 0.892: it runs at two levels, and the loss may
+# not be the tile's.
 GATHERED_ONE_WARP_TILES = {"cache": ((192, 16), (320, 8)), "transposed": ((256, (2, 4)),)}
 GATHERED_ONE_WARP_MIN_Q_HEADS = 16
 PARTIAL_128B_CACHE_TILES = True
@@ -970,10 +975,12 @@ def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bo
 
 def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, transposed: bool, narrowed: bool = False) -> dict:
-    """The tile of a ``_gathered_partners`` call, on 2 warps: where the results are transposed
-    against the inputs (Hugging Face's views), 4 tokens x 4 heads (``TRANSPOSED_TILE``); else
-    32 rows of up to 192 B (4 tokens x 8 heads: Pythia's 80 channels, GPT-NeoX 20B's 96 in
-    16-bit), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens x
+    """The tile of a ``_gathered_partners`` call. In 16-bit with 16 q heads or more, on 1 warp
+    (``GATHERED_ONE_WARP_TILES``): results transposed against the inputs (Hugging Face's views)
+    with rows of up to 256 B 2 tokens x 4 heads, else 16 rows of up to 192 B (1 token x 16 q
+    heads: Pythia's 80 channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps: transposed
+    results 4 tokens x 4 heads (``TRANSPOSED_TILE``); else 32 rows of up to 192 B (4 tokens x 8
+    heads), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens x
     4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within 3.0 points
     of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on 4 x 8 on
     4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on

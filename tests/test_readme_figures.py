@@ -463,3 +463,70 @@ def test_gathered_one_warp_recording_is_quoted_as_recorded():
     assert r2.GATHERED_TILES == {"bshd": ((192, (16, 1)), (320, (8, 1))),
                                  "thd": ((192, (16, 1)),)}
     assert r2.GATHERED_TILE_MIN_ROW_BYTES == 160
+
+
+def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
+    """figures/qk_gathered_one_warp_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
+    0ba0055): the q+k kernel's gathered rows on GATHERED_ONE_WARP_TILES. Every changed call on 1
+    warp with the same bits as before; the notes' table has every shape's tiles and fractions
+    before -> after (Hugging Face's call both ways, the cache out of place); the changed calls'
+    range and median, the cache's and Hugging Face's fractions before and after in the notes, the
+    README and the kernel file; the unchanged calls' range in the notes; the first run's 8-head
+    calls (_run1.json) in the notes and the kernel file; and the rule the record ran."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "qk_gathered_one_warp_h200.json").read_text())["shapes"]
+    run1 = json.loads((FIGURES / "qk_gathered_one_warp_h200_run1.json").read_text())["shapes"]
+    changed = {k: r for k, r in record.items() if "same plan" not in k}
+    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    for key, row in changed.items():
+        assert row["tiles"]["rule"].split(", loads")[0].endswith("on 1"), (key, row["tiles"])
+    assert all(row["max_abs_difference"] == 0 for row in record.values())
+    section = NOTES[NOTES.index("`figures/qk_gathered_one_warp_h200.json`: H200"):]
+    lines = [line for line in section[:section.index("\n## ")].splitlines()
+             if line.startswith("| ")]
+
+    def row_of(shape, mode):
+        return next(r for k, r in record.items()
+                    if k.split(": ")[0] == shape and k.split(": ")[1].split(" (")[0] == mode)
+
+    def tiles(row):
+        before, rule = (row["tiles"][side].split(", loads")[0] for side in ("before", "rule"))
+        return f"{before} (unchanged)" if before == rule else f"{before} -> {rule}"
+
+    for shape in {k.split(": ")[0] for k in record}:
+        line = next(line for line in lines if line.startswith(f"| {shape} |")
+                    or line.startswith(f"| {shape} (chosen on) |"))
+        cells = [cell.strip() for cell in line.strip("| ").split("|")]
+        hf, hf_back, cache = (row_of(shape, m) for m in ("hf", "hf backward", "cache out of place"))
+        assert cells[1:] == [tiles(hf), f"{hf['before']:.3f} -> {hf['rule']:.3f}",
+                             f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}", tiles(cache),
+                             f"{cache['before']:.3f} -> {cache['rule']:.3f}"], (shape, cells)
+
+    def span(values):
+        return f"{min(values):.3f}-{max(values):.3f}"
+
+    readme = " ".join(README.split())
+    notes = " ".join(NOTES.split())
+    source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("# ", "").split())
+    ratios = [r["ratio"] for r in changed.values()]
+    median = f"{statistics.median(ratios):.3f}"
+    assert (f"{len(changed)} calls at {span(ratios)} times the speed of 0ba0055's tiles "
+            f"(median {median})") in readme
+    assert f"**{span(ratios)} times the speed before** (median {median})" in notes
+    assert (f"{len(changed)} calls whose tile changed at {span(ratios)} times the speed "
+            f"(median {median})") in source
+    for part in ("cache out of place", "hf"):
+        rows = [r for k, r in changed.items() if k.split(": ")[1].startswith(part)]
+        quoted = f"{span([r['before'] for r in rows])} -> {span([r['rule'] for r in rows])}"
+        assert quoted in readme and quoted in source, (part, quoted)
+        assert quoted in notes.replace("**", ""), (part, quoted)
+    assert f"did not change: {span([r['ratio'] for r in unchanged.values()])}" in notes
+    for mode, where in (("hf backward", (notes, source)), ("cache out of place", (notes, source)),
+                        ("hf", (notes,))):
+        row = run1[f"hd80 8q/8k rot20 batch 64: {mode}"]
+        quoted = f"{row['before']:.3f} -> {row['rule']:.3f}"
+        assert all(quoted in text for text in where), (mode, quoted)
+    assert rope_qk.GATHERED_ONE_WARP_TILES == {"cache": ((192, 16), (320, 8)),
+                                               "transposed": ((256, (2, 4)),)}
+    assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS == 16

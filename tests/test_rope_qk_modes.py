@@ -362,9 +362,10 @@ def _blocks(block_s, block_h, warps):
     return dict(block_s=block_s, block_h=block_h, num_warps=warps, all_heads=False)
 
 
-def _gathered(block_s, block_h):
-    """A config of whole rows with the partners gathered (``GATHERED_PARTNERS``), on 2 warps."""
-    return dict(_blocks(block_s, block_h, 2), whole_rows=True, gather=True)
+def _gathered(block_s, block_h, warps=2):
+    """A config of whole rows with the partners gathered (``GATHERED_PARTNERS``), on 2 warps
+    unless said."""
+    return dict(_blocks(block_s, block_h, warps), whole_rows=True, gather=True)
 
 
 def test_default_config_of_hugging_face_tables(monkeypatch):
@@ -738,15 +739,19 @@ MODEL_SHAPE_CASES = {
     ("FEW_K_HEAD_TILES", "hf", 48, 2, 64, 64): _blocks(4, 8, 2),
     ("FEW_K_HEAD_TILES", "hf", 24, 2, 128, 128): _blocks(4, 4, 2),
     ("FEW_K_HEAD_TILES", "cache", 32, 1, 128, 128): _blocks(4, 4, 2),
-    # rotary_dim not a multiple of 16: whole rows, the partners gathered in registers, on 2 warps;
-    # transposed results 4 tokens x 4 heads, else 32 rows of up to 192 B (16 of more)
-    ("GATHERED_PARTNERS", "hf", 32, 32, 80, 20): _gathered(4, 4),
-    ("GATHERED_PARTNERS", "cache", 32, 32, 80, 20): _gathered(4, 8),
-    ("GATHERED_PARTNERS", "hf", 16, 16, 96, 24): _gathered(4, 4),
-    ("GATHERED_PARTNERS", "cache", 64, 64, 96, 24): _gathered(4, 8),
-    ("GATHERED_PARTNERS", "cache", 32, 8, 128, 24): _gathered(2, 8),
-    ("GATHERED_PARTNERS", "cache", 32, 8, 160, 40): _gathered(2, 8),
+    # rotary_dim not a multiple of 16: whole rows, the partners gathered in registers; with 16 q
+    # heads or more on 1 warp (GATHERED_ONE_WARP_TILES): transposed results 2 tokens x 4 heads at
+    # rows of up to 256 B, else 16 rows of up to 192 B (q's heads first), 8 of up to 320 B; the
+    # rest on 2 warps, transposed 4 x 4, else 32 rows of up to 192 B (16 of more)
+    ("GATHERED_PARTNERS", "hf", 32, 32, 80, 20): _gathered(2, 4, 1),
+    ("GATHERED_PARTNERS", "cache", 32, 32, 80, 20): _gathered(1, 16, 1),
+    ("GATHERED_PARTNERS", "hf", 16, 16, 96, 24): _gathered(2, 4, 1),
+    ("GATHERED_PARTNERS", "cache", 64, 64, 96, 24): _gathered(1, 16, 1),
+    ("GATHERED_PARTNERS", "cache", 32, 8, 128, 24): _gathered(1, 8, 1),
+    ("GATHERED_PARTNERS", "cache", 32, 8, 160, 40): _gathered(1, 8, 1),
     ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2),
+    ("GATHERED_PARTNERS", "hf", 8, 8, 80, 20): _gathered(4, 4),
+    ("GATHERED_PARTNERS", "cache", 8, 8, 80, 20): _gathered(4, 8),
     # Hugging Face's partial rotary in rows padded to a power of two (Phi-2's 32 of 80)
     ("PADDED_TRANSPOSED_PAIRS", "hf", 32, 32, 80, 32): _blocks(4, 4, 4),
     # the cache, a quarter of 128 B rows rotated (StableLM 2 1.6B's 32 / 32, 16 of 64)
@@ -828,6 +833,33 @@ def test_default_config_of_model_shapes(monkeypatch):
             assert _model_shape_config(*shape, in_place=in_place) == on, (shape, in_place)
             for switch in MODEL_SWITCHES:
                 monkeypatch.setattr(rope_qk, switch, True)
+
+
+def test_gathered_tiles_on_one_warp(monkeypatch):
+    """``_gathered_tile`` out of place on a GPU in 16-bit with 16 q heads or more takes
+    ``GATHERED_ONE_WARP_TILES``' 1-warp tiles (figures/qk_gathered_one_warp_h200.json); with 8 q
+    heads, in float32, rows past the table's (Hugging Face's 320 B, the cache's 384 B) and with
+    the table emptied the 2-warp tiles before; in place the narrowed heads' 4 x 4 on 2 warps."""
+    tile = rope_qk._gathered_tile
+    one = dict(all_heads=False, whole_rows=True, gather=True)
+    for q, k, head_dim, transposed, want in (
+            (32, 32, 80, False, (1, 16, 1)), (32, 8, 80, False, (1, 16, 1)),
+            (64, 64, 96, False, (1, 16, 1)), (16, 16, 112, False, (1, 8, 1)),
+            (32, 2, 160, False, (1, 8, 1)), (32, 8, 192, False, (2, 8, 2)),
+            (32, 32, 80, True, (2, 4, 1)), (16, 16, 128, True, (2, 4, 1)),
+            (32, 2, 128, True, (4, 2, 1)), (32, 8, 160, True, (4, 4, 2)),
+            (8, 8, 80, False, (4, 8, 2)), (8, 8, 80, True, (4, 4, 2))):
+        got = tile(4096, q, k, head_dim, 2, True, transposed)
+        assert got == dict(one, block_s=want[0], block_h=want[1], num_warps=want[2]), (
+            q, k, head_dim, transposed, got)
+        assert tile(4096, q, k, head_dim, 2, True, transposed, True)["num_warps"] == 2
+        two_warps = tile(4096, q, k, head_dim // 2, 4, True, transposed)  # the same row bytes
+        assert two_warps["num_warps"] == 2, (q, k, head_dim, transposed, two_warps)
+        monkeypatch.setattr(rope_qk, "GATHERED_ONE_WARP_TILES", {"cache": (), "transposed": ()})
+        assert tile(4096, q, k, head_dim, 2, True, transposed)["num_warps"] == 2
+        monkeypatch.undo()
+    # fewer tokens than the tile: its tokens shrink to their next power of two
+    assert tile(1, 32, 32, 80, 2, True, True)["block_s"] == 1
 
 
 @pytest.mark.parametrize("case", list(MODEL_SHAPE_CASES), ids=lambda c: "-".join(map(str, c)))
