@@ -798,21 +798,20 @@ GATHERED_PARTNERS = True
 IN_PLACE_GATHER = True
 # Out of place, GATHER's tiles of their own in bshd and thd, for 16-bit rows of
 # GATHERED_TILE_MIN_ROW_BYTES or more: per format, (the largest row in bytes, (rows, warps)) in
-# order. A tile holds `rows` rows (one head of one position or token each), heads first: 1
-# position x 16 heads, or 2 x 8 where there are 8 heads. On 1 warp: a probe of 10-14 tiles at 16
-# calls (H200, 3 shuffled rounds, not recorded) found 1-warp tiles ahead at every bshd call.
-# Recorded at those 16 and 10 held out (figures/rope2d_gathered_one_warp_h200.json, H200, 3
-# shuffled rounds, fraction of copy forward / backward, 7177d89's tile -> this one): bshd 20 of
-# 80 0.907 / 0.908 -> 0.956 / 0.956 (4 x 8 on 2 warps -> 1 x 16), with 4 heads 0.855 / 0.819 ->
-# 0.911 / 0.883 (4 x 4 on 2 warps -> on 1), 40 of 160 0.968 / 0.931 -> 0.968 / 0.974, 28 of 112
-# (held out) 0.908 / 0.896 -> 0.944 / 0.938; thd's 8-head packs 2 x 8 on 2 warps -> on 1 0.909
-# / 0.899 -> 0.937 / 0.902 in 256 sequences. Before: thd 1 x 16 on 1 warp
-# with 16 heads or more (figures/rope2d_gathered_tiles_h200.json: 1 x 16 on 2 warps 0.847 / 0.723
-# of copy at 20 of 80, on 1 0.964 / 0.957; why 2 warps run so much slower is not known), bshd 4
-# positions x 8 heads on 2 warps (4 at 96 channels), wider rows the general tiles. float32 keeps
-# the general tiles: at bshd's 20 of 80 in the probe 1 x 8 on 1 warp ran 0.926 / 0.935 against
-# 0.934 / 0.934. sbhd's tile (2 positions x 8-16 heads) was the best of 14 or within 0.3
-# points of it in an earlier probe.
+# order. A tile holds `rows` rows (one head of one position or token each), heads first: 1 position
+# x 16 heads, or 2 x 8 where there are 8 heads. On 1 warp: a probe of 10-14 tiles at 16 calls (H200,
+# 3 shuffled rounds, not recorded) found 1-warp tiles ahead at every bshd call. Recorded at those 16
+# and 10 held out (figures/rope2d_gathered_one_warp_h200.json, H200, 3 shuffled rounds, fraction of
+# copy forward / backward, 7177d89's tile -> this one): bshd 20 of 80 0.907 / 0.908 -> 0.956 / 0.956
+# (4 x 8 on 2 warps -> 1 x 16), with 4 heads 0.855 / 0.819 -> 0.911 / 0.883 (4 x 4 on 2 warps -> on
+# 1), 40 of 160 0.968 / 0.931 -> 0.968 / 0.974, 28 of 112 (held out) 0.908 / 0.896 -> 0.944 / 0.938;
+# thd's 8-head packs 2 x 8 on 2 warps -> on 1 0.909 / 0.899 -> 0.937 / 0.902 in 256 sequences.
+# Before: thd 1 x 16 on 1 warp with 16 heads or more (figures/rope2d_gathered_tiles_h200.json: 1 x
+# 16 on 2 warps 0.847 / 0.723 of copy at 20 of 80, on 1 0.964 / 0.957; why 2 warps run so much
+# slower is not known), bshd 4 positions x 8 heads on 2 warps (4 at 96 channels), wider rows the
+# general tiles. float32 keeps the general tiles: at bshd's 20 of 80 in the probe 1 x 8 on 1 warp
+# ran 0.926 / 0.935 against 0.934 / 0.934. sbhd's tile (2 positions x 8-16 heads) was the best of 14
+# or within 0.3 points of it in an earlier probe.
 GATHERED_TILES = {"bshd": ((192, (16, 1)), (320, (8, 1))), "thd": ((192, (16, 1)),)}
 GATHERED_TILE_MIN_ROW_BYTES = 160
 # The largest power of two (up to 8) dividing rotary_dim and head_dim passed to the kernel where

@@ -899,6 +899,7 @@ CHANNEL_MULTIPLES = True
 # cos/sin cache with part of 128 B rows rotated (PARTIAL_128B_CACHE_TILES).
 FEW_K_HEAD_TILES = True
 PADDED_TRANSPOSED_PAIRS = True
+PARTIAL_128B_CACHE_TILES = True
 # ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
 # not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),
 # Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp tiles before
@@ -918,7 +919,6 @@ PADDED_TRANSPOSED_PAIRS = True
 # not be the tile's.
 GATHERED_ONE_WARP_TILES = {"cache": ((192, 16), (320, 8)), "transposed": ((256, (2, 4)),)}
 GATHERED_ONE_WARP_MIN_Q_HEADS = 16
-PARTIAL_128B_CACHE_TILES = True
 
 
 def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
@@ -1003,10 +1003,7 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                     block_h=min(4, _next_pow2(max(q_heads, k_heads))), num_warps=2,
                     all_heads=False, whole_rows=True, gather=True)
     row_bytes = head_dim * element_size
-    one_warp = next((tile for largest, tile in GATHERED_ONE_WARP_TILES["transposed" if transposed
-                                                                        else "cache"]
-                     if row_bytes <= largest), None) if (
-        element_size == 2 and q_heads >= GATHERED_ONE_WARP_MIN_Q_HEADS) else None
+    one_warp = _gathered_one_warp(row_bytes, element_size, q_heads, transposed)
     if one_warp is not None and not transposed:
         # q's heads first, k's blocks the same size (the probe's tiles)
         rows = one_warp
@@ -1022,6 +1019,15 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     return dict(block_s=min(_next_pow2(max(1, seq_len)), rows // block_h), block_h=block_h,
                 num_warps=1 if one_warp is not None else 2, all_heads=False, whole_rows=True,
                 gather=True)
+
+
+def _gathered_one_warp(row_bytes: int, element_size: int, q_heads: int, transposed: bool):
+    """``GATHERED_ONE_WARP_TILES``' entry for a gathered call out of place on a GPU (rows a
+    program, or (tokens, heads) where the results are transposed), or None: 2 warps."""
+    if element_size != 2 or q_heads < GATHERED_ONE_WARP_MIN_Q_HEADS:
+        return None
+    table = GATHERED_ONE_WARP_TILES["transposed" if transposed else "cache"]
+    return next((tile for largest, tile in table if row_bytes <= largest), None)
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,
