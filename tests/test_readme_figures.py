@@ -527,6 +527,15 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
         row = run1[f"hd80 8q/8k rot20 batch 64: {mode}"]
         quoted = f"{row['before']:.3f} -> {row['rule']:.3f}"
         assert all(quoted in text for text in where), (mode, quoted)
+    # notebook 07 quotes Pythia's two calls
+    notebook = " ".join("".join(
+        "".join(cell["source"]) for cell in json.loads(
+            (ROOT / "notebooks" / "07_packed_sequences_and_serving.ipynb").read_text())["cells"]
+        if cell["cell_type"] == "markdown").split())
+    pythia = {m: row_of("hd80 32q/32k rot20", m)["rule"] for m in ("cache out of place", "hf")}
+    quoted = (f"{pythia['cache out of place']:.3f} (the cache) and {pythia['hf']:.3f} (Hugging "
+              f"Face's) of copy")
+    assert quoted in notebook, quoted
     assert rope_qk.GATHERED_ONE_WARP_TILES == {"cache": ((192, 16), (320, 8)),
                                                "transposed": ((256, (2, 4)),)}
     assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS == 16
