@@ -1006,13 +1006,11 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     one_warp = _gathered_one_warp(row_bytes, element_size, q_heads, transposed)
     if one_warp is not None and not transposed:
         # q's heads first, k's blocks the same size (the probe's tiles)
-        rows = one_warp
-        block_h = min(rows, _next_pow2(max(1, q_heads)))
+        rows, block_h = one_warp, min(one_warp, _next_pow2(max(1, q_heads)))
     else:
-        if one_warp is not None:
-            rows, block_h = one_warp[0] * one_warp[1], one_warp[1]
-        elif transposed:
-            rows, block_h = TRANSPOSED_TILE[0] * TRANSPOSED_TILE[1], TRANSPOSED_TILE[1]
+        if transposed:
+            tokens, block_h = one_warp or TRANSPOSED_TILE
+            rows = tokens * block_h
         else:
             rows, block_h = (32 if row_bytes <= 192 else 16), 8
         block_h = min(block_h, _next_pow2(max(1, min(q_heads, k_heads))))

@@ -312,6 +312,11 @@ def test_rope2d_gathered_recording_is_quoted_as_recorded():
         assert text in README and text in NOTES, text
 
 
+def _span(values):
+    """A range of fractions as the docs quote it: lowest-highest, 3 decimals."""
+    return f"{min(values):.3f}-{max(values):.3f}"
+
+
 def test_in_place_unaligned_recordings_are_quoted_as_recorded():
     """figures/qk_in_place_unaligned_h200.json (scripts/qk_in_place_unaligned.py) and
     rope2d_in_place_unaligned_h200.json (scripts/rope2d_in_place_unaligned.py): in-place calls
@@ -348,14 +353,11 @@ def test_in_place_unaligned_recordings_are_quoted_as_recorded():
     sixteen = [r for key, r in qk.items() if "fp32" not in key]
     r2_sixteen = [r for r in r2 if "fp32" not in r["shape"]]
 
-    def span(values):
-        return f"{min(values):.3f}-{max(values):.3f}"
-
-    quotes = {"qk after": span([r["rule"] for r in sixteen]),
-              "qk before": span([r["before"] for r in sixteen]),
-              "r2 after": span([r["after"] for r in r2_sixteen]),
-              "r2 before": span([r["before"] for r in r2_sixteen]),
-              "stream": span([r["stream"] for r in sixteen] + [r["stream"] for r in r2_sixteen])}
+    quotes = {"qk after": _span([r["rule"] for r in sixteen]),
+              "qk before": _span([r["before"] for r in sixteen]),
+              "r2 after": _span([r["after"] for r in r2_sixteen]),
+              "r2 before": _span([r["before"] for r in r2_sixteen]),
+              "stream": _span([r["stream"] for r in sixteen] + [r["stream"] for r in r2_sixteen])}
     for name, text in quotes.items():
         assert text in README, (name, text)
     assert f"{quotes['qk before']} and {quotes['r2 before']}" in README
@@ -392,10 +394,6 @@ def _gathered_tiles_record(name, notes_anchor):
         assert cells[column] == f"{row['of_copy']['before']:.3f} -> {row['of_copy']['after']:.3f}"
         assert cells[4] == f"{row['copy_same']:.3f}", (row, cells)
     return rows, changed, unchanged
-
-
-def _span(values):
-    return f"{min(values):.3f}-{max(values):.3f}"
 
 
 def test_gathered_tiles_recording_is_quoted_as_recorded():
@@ -503,25 +501,22 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
                              f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}", tiles(cache),
                              f"{cache['before']:.3f} -> {cache['rule']:.3f}"], (shape, cells)
 
-    def span(values):
-        return f"{min(values):.3f}-{max(values):.3f}"
-
     readme = " ".join(README.split())
     notes = " ".join(NOTES.split())
     source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("# ", "").split())
     ratios = [r["ratio"] for r in changed.values()]
     median = f"{statistics.median(ratios):.3f}"
-    assert (f"{len(changed)} calls at {span(ratios)} times the speed of 0ba0055's tiles "
+    assert (f"{len(changed)} calls at {_span(ratios)} times the speed of 0ba0055's tiles "
             f"(median {median})") in readme
-    assert f"**{span(ratios)} times the speed before** (median {median})" in notes
-    assert (f"{len(changed)} calls whose tile changed at {span(ratios)} times the speed "
+    assert f"**{_span(ratios)} times the speed before** (median {median})" in notes
+    assert (f"{len(changed)} calls whose tile changed at {_span(ratios)} times the speed "
             f"(median {median})") in source
     for part in ("cache out of place", "hf"):
         rows = [r for k, r in changed.items() if k.split(": ")[1].startswith(part)]
-        quoted = f"{span([r['before'] for r in rows])} -> {span([r['rule'] for r in rows])}"
+        quoted = f"{_span([r['before'] for r in rows])} -> {_span([r['rule'] for r in rows])}"
         assert quoted in readme and quoted in source, (part, quoted)
         assert quoted in notes.replace("**", ""), (part, quoted)
-    assert f"did not change: {span([r['ratio'] for r in unchanged.values()])}" in notes
+    assert f"did not change: {_span([r['ratio'] for r in unchanged.values()])}" in notes
     for mode, where in (("hf backward", (notes, source)), ("cache out of place", (notes, source)),
                         ("hf", (notes,))):
         row = run1[f"hd80 8q/8k rot20 batch 64: {mode}"]
