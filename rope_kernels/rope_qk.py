@@ -916,9 +916,16 @@ PARTIAL_128B_CACHE_TILES = True
 # (held out) the recording's first run (_run1.json) had 1 warp behind: Hugging Face's backward 0.914
 # -> 0.879, the cache 0.961 -> 0.952; so only from 16 q heads. The run recorded, with both sides on
 # one tile there, measured that backward at 0.949 and 0.892: it runs at two levels, and the loss may
-# not be the tile's.
-GATHERED_ONE_WARP_TILES = {"cache": ((192, 16), (320, 8)), "transposed": ((256, (2, 4)),)}
-GATHERED_ONE_WARP_MIN_Q_HEADS = 16
+# not be the tile's. A second probe (H200, 5 shuffled rounds, each default timed twice, within 0.2
+# points of itself; not recorded) took up both leads. Hugging Face's call with 8 q and 8 k heads:
+# 2 x 4 on 1 warp 0.958 / 0.962 against 0.948 / 0.952 at 20 of 80, 1 x 8 and 2 x 4 0.964-0.968
+# against 0.914-0.916 at 24 of 128; its rows of 320 B (40 of 160; 32/8, 32/32 and 16/16 heads): 4 x
+# 4 on 1 warp 0.960-0.966 against 0.946-0.953 on 2. The cache with 8 q heads kept its 2-warp tiles
+# (4 x 8 on 2 0.963 against 0.952 on 2 x 8 on 1 at 20 of 80; level at 24 of 128). So the transposed
+# table gains 320 B rows and its floor is 8 q heads; the cache's stays at 16.
+GATHERED_ONE_WARP_TILES = {"cache": ((192, 16), (320, 8)),
+                           "transposed": ((256, (2, 4)), (320, (4, 4)))}
+GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}
 
 
 def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
@@ -975,10 +982,11 @@ def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bo
 
 def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, transposed: bool, narrowed: bool = False) -> dict:
-    """The tile of a ``_gathered_partners`` call. In 16-bit with 16 q heads or more, on 1 warp
-    (``GATHERED_ONE_WARP_TILES``): results transposed against the inputs (Hugging Face's views)
-    with rows of up to 256 B 2 tokens x 4 heads, else 16 rows of up to 192 B (1 token x 16 q
-    heads: Pythia's 80 channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps: transposed
+    """The tile of a ``_gathered_partners`` call. In 16-bit out of place, on 1 warp
+    (``GATHERED_ONE_WARP_TILES``): results transposed against the inputs (Hugging Face's views),
+    with 8 q heads or more, 2 tokens x 4 heads at rows of up to 256 B and 4 x 4 up to 320 B;
+    else, with 16 q heads or more, 16 rows of up to 192 B (1 token x 16 q heads: Pythia's 80
+    channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps: transposed
     results 4 tokens x 4 heads (``TRANSPOSED_TILE``); else 32 rows of up to 192 B (4 tokens x 8
     heads), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens x
     4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within 3.0 points
@@ -1022,10 +1030,11 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
 def _gathered_one_warp(row_bytes: int, element_size: int, q_heads: int, transposed: bool):
     """``GATHERED_ONE_WARP_TILES``' entry for a gathered call out of place on a GPU (rows a
     program, or (tokens, heads) where the results are transposed), or None: 2 warps."""
-    if element_size != 2 or q_heads < GATHERED_ONE_WARP_MIN_Q_HEADS:
+    kind = "transposed" if transposed else "cache"
+    if element_size != 2 or q_heads < GATHERED_ONE_WARP_MIN_Q_HEADS[kind]:
         return None
-    table = GATHERED_ONE_WARP_TILES["transposed" if transposed else "cache"]
-    return next((tile for largest, tile in table if row_bytes <= largest), None)
+    return next((tile for largest, tile in GATHERED_ONE_WARP_TILES[kind] if row_bytes <= largest),
+                None)
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,

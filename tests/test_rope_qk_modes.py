@@ -739,18 +739,21 @@ MODEL_SHAPE_CASES = {
     ("FEW_K_HEAD_TILES", "hf", 48, 2, 64, 64): _blocks(4, 8, 2),
     ("FEW_K_HEAD_TILES", "hf", 24, 2, 128, 128): _blocks(4, 4, 2),
     ("FEW_K_HEAD_TILES", "cache", 32, 1, 128, 128): _blocks(4, 4, 2),
-    # rotary_dim not a multiple of 16: whole rows, the partners gathered in registers; with 16 q
-    # heads or more on 1 warp (GATHERED_ONE_WARP_TILES): transposed results 2 tokens x 4 heads at
-    # rows of up to 256 B, else 16 rows of up to 192 B (q's heads first), 8 of up to 320 B; the
-    # rest on 2 warps, transposed 4 x 4, else 32 rows of up to 192 B (16 of more)
+    # rotary_dim not a multiple of 16: whole rows, the partners gathered in registers; on 1 warp
+    # (GATHERED_ONE_WARP_TILES): transposed results with 8 q heads or more 2 tokens x 4 heads at
+    # rows of up to 256 B, 4 x 4 up to 320 B; else with 16 q heads or more 16 rows of up to 192 B
+    # (q's heads first), 8 of up to 320 B; the rest on 2 warps, transposed 4 x 4, else 32 rows
+    # of up to 192 B (16 of more)
     ("GATHERED_PARTNERS", "hf", 32, 32, 80, 20): _gathered(2, 4, 1),
     ("GATHERED_PARTNERS", "cache", 32, 32, 80, 20): _gathered(1, 16, 1),
     ("GATHERED_PARTNERS", "hf", 16, 16, 96, 24): _gathered(2, 4, 1),
     ("GATHERED_PARTNERS", "cache", 64, 64, 96, 24): _gathered(1, 16, 1),
     ("GATHERED_PARTNERS", "cache", 32, 8, 128, 24): _gathered(1, 8, 1),
     ("GATHERED_PARTNERS", "cache", 32, 8, 160, 40): _gathered(1, 8, 1),
-    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2),
-    ("GATHERED_PARTNERS", "hf", 8, 8, 80, 20): _gathered(4, 4),
+    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2, 1),
+    ("GATHERED_PARTNERS", "hf", 8, 8, 80, 20): _gathered(2, 4, 1),
+    ("GATHERED_PARTNERS", "hf", 32, 8, 160, 40): _gathered(4, 4, 1),
+    ("GATHERED_PARTNERS", "hf", 4, 4, 80, 20): _gathered(4, 4),
     ("GATHERED_PARTNERS", "cache", 8, 8, 80, 20): _gathered(4, 8),
     # Hugging Face's partial rotary in rows padded to a power of two (Phi-2's 32 of 80)
     ("PADDED_TRANSPOSED_PAIRS", "hf", 32, 32, 80, 32): _blocks(4, 4, 4),
@@ -836,10 +839,12 @@ def test_default_config_of_model_shapes(monkeypatch):
 
 
 def test_gathered_tiles_on_one_warp(monkeypatch):
-    """``_gathered_tile`` out of place on a GPU in 16-bit with 16 q heads or more takes
-    ``GATHERED_ONE_WARP_TILES``' 1-warp tiles (figures/qk_gathered_one_warp_h200.json); with 8 q
-    heads, in float32, rows past the table's (Hugging Face's 320 B, the cache's 384 B) and with
-    the table emptied the 2-warp tiles before; in place the narrowed heads' 4 x 4 on 2 warps."""
+    """``_gathered_tile`` out of place on a GPU in 16-bit takes ``GATHERED_ONE_WARP_TILES``' 1-warp
+    tiles, transposed results with 8 q heads or more, the rest with 16 or more
+    (figures/qk_gathered_one_warp_h200.json, figures/qk_transposed_one_warp_h200.json); the
+    cache's calls with 8 q heads, transposed ones with 4, float32, rows past the table's (384 B)
+    and the table emptied the 2-warp tiles before; in place the narrowed heads' 4 x 4 on 2
+    warps."""
     tile = rope_qk._gathered_tile
     one = dict(all_heads=False, whole_rows=True, gather=True)
     for q, k, head_dim, transposed, want in (
@@ -847,8 +852,11 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
             (64, 64, 96, False, (1, 16, 1)), (16, 16, 112, False, (1, 8, 1)),
             (32, 2, 160, False, (1, 8, 1)), (32, 8, 192, False, (2, 8, 2)),
             (32, 32, 80, True, (2, 4, 1)), (16, 16, 128, True, (2, 4, 1)),
-            (32, 2, 128, True, (4, 2, 1)), (32, 8, 160, True, (4, 4, 2)),
-            (8, 8, 80, False, (4, 8, 2)), (8, 8, 80, True, (4, 4, 2))):
+            (32, 2, 128, True, (4, 2, 1)), (32, 8, 160, True, (4, 4, 1)),
+            (16, 16, 160, True, (4, 4, 1)), (32, 2, 160, True, (8, 2, 1)),
+            (32, 8, 192, True, (4, 4, 2)), (8, 8, 80, False, (4, 8, 2)),
+            (8, 8, 80, True, (2, 4, 1)), (8, 8, 128, True, (2, 4, 1)),
+            (8, 2, 80, True, (4, 2, 1)), (4, 4, 80, True, (4, 4, 2))):
         got = tile(4096, q, k, head_dim, 2, True, transposed)
         assert got == dict(one, block_s=want[0], block_h=want[1], num_warps=want[2]), (
             q, k, head_dim, transposed, got)
