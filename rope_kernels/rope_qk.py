@@ -922,9 +922,13 @@ PARTIAL_128B_CACHE_TILES = True
 # against 0.914-0.916 at 24 of 128; its rows of 320 B (40 of 160; 32/8, 32/32 and 16/16 heads): 4 x
 # 4 on 1 warp 0.960-0.966 against 0.946-0.953 on 2. The cache with 8 q heads kept its 2-warp tiles
 # (4 x 8 on 2 0.963 against 0.952 on 2 x 8 on 1 at 20 of 80; level at 24 of 128). So the transposed
-# table gains 320 B rows and its floor is 8 q heads; the cache's stays at 16.
-GATHERED_ONE_WARP_TILES = {"cache": ((192, 16), (320, 8)),
-                           "transposed": ((256, (2, 4)), (320, (4, 4)))}
+# table gains 320 B rows and its floor is 8 q heads; the cache's stays at 16. Recorded against
+# 1a3db4f (figures/qk_transposed_one_warp_h200.json, H200, 5 shuffled rounds, 12 shapes, 7 held
+# out): 0.996-1.054 at the calls changed, but Hugging Face's at 40 of 160 with 2 k heads (8 x 2 on
+# 1 warp 0.923 / 0.922 against 0.938 / 0.936 on 2, held out), so the 320 B entry needs 4 k heads
+# (the third number: the fewest k heads an entry takes), set after that run.
+GATHERED_ONE_WARP_TILES = {"cache": ((192, 16, 1), (320, 8, 1)),
+                           "transposed": ((256, (2, 4), 1), (320, (4, 4), 4))}
 GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}
 
 
@@ -984,7 +988,8 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                    on_gpu: bool, transposed: bool, narrowed: bool = False) -> dict:
     """The tile of a ``_gathered_partners`` call. In 16-bit out of place, on 1 warp
     (``GATHERED_ONE_WARP_TILES``): results transposed against the inputs (Hugging Face's views),
-    with 8 q heads or more, 2 tokens x 4 heads at rows of up to 256 B and 4 x 4 up to 320 B;
+    with 8 q heads or more, 2 tokens x 4 heads at rows of up to 256 B and 4 x 4 up to 320 B
+    (with 4 k heads or more);
     else, with 16 q heads or more, 16 rows of up to 192 B (1 token x 16 q heads: Pythia's 80
     channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps: transposed
     results 4 tokens x 4 heads (``TRANSPOSED_TILE``); else 32 rows of up to 192 B (4 tokens x 8
@@ -1011,7 +1016,7 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                     block_h=min(4, _next_pow2(max(q_heads, k_heads))), num_warps=2,
                     all_heads=False, whole_rows=True, gather=True)
     row_bytes = head_dim * element_size
-    one_warp = _gathered_one_warp(row_bytes, element_size, q_heads, transposed)
+    one_warp = _gathered_one_warp(row_bytes, element_size, q_heads, k_heads, transposed)
     if one_warp is not None and not transposed:
         # q's heads first, k's blocks the same size (the probe's tiles)
         rows, block_h = one_warp, min(one_warp, _next_pow2(max(1, q_heads)))
@@ -1027,14 +1032,17 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 gather=True)
 
 
-def _gathered_one_warp(row_bytes: int, element_size: int, q_heads: int, transposed: bool):
+def _gathered_one_warp(row_bytes: int, element_size: int, q_heads: int, k_heads: int,
+                       transposed: bool):
     """``GATHERED_ONE_WARP_TILES``' entry for a gathered call out of place on a GPU (rows a
     program, or (tokens, heads) where the results are transposed), or None: 2 warps."""
     kind = "transposed" if transposed else "cache"
     if element_size != 2 or q_heads < GATHERED_ONE_WARP_MIN_Q_HEADS[kind]:
         return None
-    return next((tile for largest, tile in GATHERED_ONE_WARP_TILES[kind] if row_bytes <= largest),
-                None)
+    for largest, tile, fewest_k_heads in GATHERED_ONE_WARP_TILES[kind]:
+        if row_bytes <= largest:
+            return tile if k_heads >= fewest_k_heads else None
+    return None
 
 
 def _parts_outer(all_heads: bool, token_blocks_fastest: bool, has_v: bool, q_heads: int,

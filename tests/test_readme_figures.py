@@ -531,6 +531,6 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
     quoted = (f"{pythia['cache out of place']:.3f} (the cache) and {pythia['hf']:.3f} (Hugging "
               f"Face's) of copy")
     assert quoted in notebook, quoted
-    assert rope_qk.GATHERED_ONE_WARP_TILES["cache"] == ((192, 16), (320, 8))
-    assert rope_qk.GATHERED_ONE_WARP_TILES["transposed"][0] == (256, (2, 4))
+    assert rope_qk.GATHERED_ONE_WARP_TILES["cache"] == ((192, 16, 1), (320, 8, 1))
+    assert rope_qk.GATHERED_ONE_WARP_TILES["transposed"][0] == (256, (2, 4), 1)
     assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS["cache"] == 16

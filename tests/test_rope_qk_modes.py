@@ -750,7 +750,7 @@ MODEL_SHAPE_CASES = {
     ("GATHERED_PARTNERS", "cache", 64, 64, 96, 24): _gathered(1, 16, 1),
     ("GATHERED_PARTNERS", "cache", 32, 8, 128, 24): _gathered(1, 8, 1),
     ("GATHERED_PARTNERS", "cache", 32, 8, 160, 40): _gathered(1, 8, 1),
-    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2, 1),
+    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2),
     ("GATHERED_PARTNERS", "hf", 8, 8, 80, 20): _gathered(2, 4, 1),
     ("GATHERED_PARTNERS", "hf", 32, 8, 160, 40): _gathered(4, 4, 1),
     ("GATHERED_PARTNERS", "hf", 4, 4, 80, 20): _gathered(4, 4),
@@ -842,9 +842,9 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
     """``_gathered_tile`` out of place on a GPU in 16-bit takes ``GATHERED_ONE_WARP_TILES``' 1-warp
     tiles, transposed results with 8 q heads or more, the rest with 16 or more
     (figures/qk_gathered_one_warp_h200.json, figures/qk_transposed_one_warp_h200.json); the
-    cache's calls with 8 q heads, transposed ones with 4, float32, rows past the table's (384 B)
-    and the table emptied the 2-warp tiles before; in place the narrowed heads' 4 x 4 on 2
-    warps."""
+    cache's calls with 8 q heads, transposed ones with 4 (or at 320 B with fewer than 4 k heads),
+    float32, rows past the table's (384 B) and the table emptied the 2-warp tiles before; in place
+    the narrowed heads' 4 x 4 on 2 warps."""
     tile = rope_qk._gathered_tile
     one = dict(all_heads=False, whole_rows=True, gather=True)
     for q, k, head_dim, transposed, want in (
@@ -853,7 +853,8 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
             (32, 2, 160, False, (1, 8, 1)), (32, 8, 192, False, (2, 8, 2)),
             (32, 32, 80, True, (2, 4, 1)), (16, 16, 128, True, (2, 4, 1)),
             (32, 2, 128, True, (4, 2, 1)), (32, 8, 160, True, (4, 4, 1)),
-            (16, 16, 160, True, (4, 4, 1)), (32, 2, 160, True, (8, 2, 1)),
+            (16, 16, 160, True, (4, 4, 1)), (32, 2, 160, True, (8, 2, 2)),
+            (8, 4, 160, True, (4, 4, 1)),
             (32, 8, 192, True, (4, 4, 2)), (8, 8, 80, False, (4, 8, 2)),
             (8, 8, 80, True, (2, 4, 1)), (8, 8, 128, True, (2, 4, 1)),
             (8, 2, 80, True, (4, 2, 1)), (4, 4, 80, True, (4, 4, 2))):
@@ -1087,8 +1088,8 @@ def test_default_config_transposed(monkeypatch):
             args = (4096, q_heads, k_heads, head_dim, esize, True, False, hf_tables,
                     head_dim // 2, False)
             want = rows
-            if head_dim == 80:  # 40 of 80 rotated: the partners gathered
-                want = _gathered(4, 4)
+            if head_dim == 80:  # 40 of 80 rotated: the partners gathered, in 16-bit on 1 warp
+                want = _gathered(2, 4, 1) if esize == 2 else _gathered(4, 4)
             if esize == 2 and head_dim == 80:
                 padded = rope_qk.default_config(*args[:8], 32, False, True)
                 assert padded == _blocks(4, 4, 4), padded  # 32 of 80
