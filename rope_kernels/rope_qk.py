@@ -922,11 +922,12 @@ PARTIAL_128B_CACHE_TILES = True
 # against 0.914-0.916 at 24 of 128; its rows of 320 B (40 of 160; 32/8, 32/32 and 16/16 heads): 4 x
 # 4 on 1 warp 0.960-0.966 against 0.946-0.953 on 2. The cache with 8 q heads kept its 2-warp tiles
 # (4 x 8 on 2 0.963 against 0.952 on 2 x 8 on 1 at 20 of 80; level at 24 of 128). So the transposed
-# table gains 320 B rows and its floor is 8 q heads; the cache's stays at 16. Recorded against
-# 1a3db4f (figures/qk_transposed_one_warp_h200.json, H200, 5 shuffled rounds, 12 shapes, 7 held
-# out): 0.996-1.054 at the calls changed, but Hugging Face's at 40 of 160 with 2 k heads (8 x 2 on
-# 1 warp 0.923 / 0.922 against 0.938 / 0.936 on 2, held out), so the 320 B entry needs 4 k heads
-# (the third number: the fewest k heads an entry takes), set after that run.
+# table gains 320 B rows and its floor is 8 q heads; the cache's stays at 16. Its first recording
+# against 1a3db4f (..._run1.json) had Hugging Face's call at 40 of 160 with 2 k heads (held out)
+# behind, 8 x 2 on 1 warp 0.923 / 0.922 against 0.938 / 0.936 on 2, so the 320 B entry needs 4 k
+# heads (the third number: the fewest k heads an entry takes). Recorded with that
+# (figures/qk_transposed_one_warp_h200.json, H200, 5 shuffled rounds, 12 shapes): Hugging Face's
+# call 1.005-1.052 at the 20 calls changed (median 1.012), 0.908-0.959 -> 0.927-0.966 of copy.
 GATHERED_ONE_WARP_TILES = {"cache": ((192, 16, 1), (320, 8, 1)),
                            "transposed": ((256, (2, 4), 1), (320, (4, 4), 4))}
 GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}

@@ -13,6 +13,8 @@
         [--out figures/qk_gathered_partners_h200.json]
     python scripts/qk_head_counts.py --before /tmp/rope_qk_0ba0055.py --only SHAPE,... \
         [--out figures/qk_gathered_one_warp_h200.json]
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_1a3db4f.py --only SHAPE,... \
+        [--out figures/qk_transposed_one_warp_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -28,7 +30,8 @@ the calls whose rotary_dim is not a multiple of 16, in bf16, fp16 and float32, a
 of 7b5d384 (the pairs with the channels past rotary_dim as whole rows, ``PASS_ROWS``): whole
 rows with the partners gathered in registers (``GATHERED_PARTNERS``). The fifth takes those
 calls' tiles on 1 warp (``GATHERED_ONE_WARP_TILES``) against the tiles of 0ba0055, at five of the
-probe's shapes and seven held out.
+probe's shapes and seven held out. The sixth takes Hugging Face's call on them from 8 q heads and
+at rows of 320 B against the tiles of 1a3db4f (``figures/qk_transposed_one_warp_h200.json``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
 module with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an

@@ -534,3 +534,76 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
     assert rope_qk.GATHERED_ONE_WARP_TILES["cache"] == ((192, 16, 1), (320, 8, 1))
     assert rope_qk.GATHERED_ONE_WARP_TILES["transposed"][0] == (256, (2, 4), 1)
     assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS["cache"] == 16
+
+
+def test_qk_transposed_one_warp_recording_is_quoted_as_recorded():
+    """figures/qk_transposed_one_warp_h200.json (scripts/qk_head_counts.py --before the rope_qk.py
+    of 1a3db4f): Hugging Face's gathered rows on 1 warp from 8 q heads and at 320 B. Only Hugging
+    Face's calls changed tile, each now on 1 warp, with the same bits as before; the notes' table
+    has every shape's tiles and fractions (the cache's plan unchanged); the changed calls' range
+    and median, the held-out ones', the fractions before and after and the unchanged calls' range
+    in the notes (the range and median also in the README and the kernel file); the first run's
+    call that lost (_run1.json) in the notes and the kernel file; and the rule the record ran."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "qk_transposed_one_warp_h200.json").read_text())["shapes"]
+    run1 = json.loads((FIGURES / "qk_transposed_one_warp_h200_run1.json").read_text())["shapes"]
+    changed = {k: r for k, r in record.items() if "same plan" not in k}
+    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    assert changed and all(k.split(": ")[1].startswith("hf") for k in changed)
+    for key, row in changed.items():
+        assert row["tiles"]["rule"].split(", loads")[0].endswith("on 1"), (key, row["tiles"])
+    assert all(row["max_abs_difference"] == 0 for row in record.values())
+    marker = "`figures/qk_transposed_one_warp_h200.json`: H200"
+    section = NOTES[NOTES.index(marker):]
+    section = section[:section.index("\n## ")]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+
+    def row_of(shape, mode):
+        return next(r for k, r in record.items()
+                    if k.split(": ")[0] == shape and k.split(": ")[1].split(" (")[0] == mode)
+
+    def tile(row, side):
+        return row["tiles"][side].split(", loads")[0]
+
+    shapes = {k.split(": ")[0] for k in record}
+    for shape in shapes:
+        line = next(line for line in lines
+                    if re.match(rf"\| {re.escape(shape)}( \((chosen on|control)\))? \|", line))
+        cells = [cell.strip() for cell in line.strip("| ").split("|")]
+        hf, hf_back, cache = (row_of(shape, m) for m in ("hf", "hf backward", "cache out of place"))
+        hf_tile = (f"{tile(hf, 'before')} (unchanged)" if tile(hf, "before") == tile(hf, "rule")
+                   else f"{tile(hf, 'before')} -> {tile(hf, 'rule')}")
+        assert tile(cache, "before") == tile(cache, "rule"), shape
+        assert cells[1:] == [hf_tile, f"{hf['before']:.3f} -> {hf['rule']:.3f}",
+                             f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}",
+                             tile(cache, "rule"),
+                             f"{cache['before']:.3f} / {cache['rule']:.3f}"], (shape, cells)
+    assert len(lines) == len(shapes) + 1  # and the header
+
+    readme = " ".join(README.split())
+    notes = " ".join(section.split())
+    source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("# ", "").split())
+    ratios = [r["ratio"] for r in changed.values()]
+    median = f"{statistics.median(ratios):.3f}"
+    assert (f"The {len(changed)} calls whose tile changed, all Hugging Face's: "
+            f"**{_span(ratios)} times the speed before** (median {median})") in notes
+    assert f"{len(changed)} calls at {_span(ratios)} times the speed of 1a3db4f's" in readme
+    assert f"{_span(ratios)} at the {len(changed)} calls changed (median {median})" in source
+    chosen = {line.split("|")[1].strip().split(" (")[0] for line in lines
+              if "(chosen on)" in line or "(control)" in line} | {"hd80 8q/2k rot20 batch 64"}
+    held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
+    assert f"the 6 of held-out shapes {_span(held)}" in notes and len(held) == 6
+    quoted = (f"{_span([r['before'] for r in changed.values()])} -> "
+              f"**{_span([r['rule'] for r in changed.values()])}**")
+    assert quoted in notes, quoted
+    assert quoted.replace("**", "") in readme, quoted
+    assert f"did not change: {_span([r['ratio'] for r in unchanged.values()])}" in notes
+    lost = {m: run1[f"hd160 32q/2k rot40: {m}"] for m in ("hf", "hf backward")}
+    quoted = (f"{lost['hf']['before']:.3f} / {lost['hf backward']['before']:.3f} -> "
+              f"{lost['hf']['rule']:.3f} / {lost['hf backward']['rule']:.3f}")
+    assert quoted in notes, quoted
+    assert (f"8 x 2 on 1 warp {lost['hf']['rule']:.3f} / {lost['hf backward']['rule']:.3f} "
+            f"against {lost['hf']['before']:.3f} / {lost['hf backward']['before']:.3f} on 2") in source
+    assert rope_qk.GATHERED_ONE_WARP_TILES["transposed"] == ((256, (2, 4), 1), (320, (4, 4), 4))
+    assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS == {"cache": 16, "transposed": 8}
