@@ -463,6 +463,15 @@ def test_gathered_one_warp_recording_is_quoted_as_recorded():
     assert r2.GATHERED_TILE_MIN_ROW_BYTES == 160
 
 
+def _qk_record_texts(notes_text: str, changed: dict):
+    """The README, ``notes_text`` and rope_qk.py (its comments' marks dropped) with whitespace
+    runs as one space, and the changed calls' ratios and their median to 3 places."""
+    flat = lambda text: " ".join(text.split())  # noqa: E731
+    source = (ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("# ", "")
+    ratios = [r["ratio"] for r in changed.values()]
+    return flat(README), flat(notes_text), flat(source), ratios, f"{statistics.median(ratios):.3f}"
+
+
 def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
     """figures/qk_gathered_one_warp_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
     0ba0055): the q+k kernel's gathered rows on GATHERED_ONE_WARP_TILES. Every changed call on 1
@@ -501,11 +510,7 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
                              f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}", tiles(cache),
                              f"{cache['before']:.3f} -> {cache['rule']:.3f}"], (shape, cells)
 
-    readme = " ".join(README.split())
-    notes = " ".join(NOTES.split())
-    source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("# ", "").split())
-    ratios = [r["ratio"] for r in changed.values()]
-    median = f"{statistics.median(ratios):.3f}"
+    readme, notes, source, ratios, median = _qk_record_texts(NOTES, changed)
     assert (f"{len(changed)} calls at {_span(ratios)} times the speed of 0ba0055's tiles "
             f"(median {median})") in readme
     assert f"**{_span(ratios)} times the speed before** (median {median})" in notes
@@ -581,11 +586,7 @@ def test_qk_transposed_one_warp_recording_is_quoted_as_recorded():
                              f"{cache['before']:.3f} / {cache['rule']:.3f}"], (shape, cells)
     assert len(lines) == len(shapes) + 1  # and the header
 
-    readme = " ".join(README.split())
-    notes = " ".join(section.split())
-    source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("# ", "").split())
-    ratios = [r["ratio"] for r in changed.values()]
-    median = f"{statistics.median(ratios):.3f}"
+    readme, notes, source, ratios, median = _qk_record_texts(section, changed)
     assert (f"The {len(changed)} calls whose tile changed, all Hugging Face's: "
             f"**{_span(ratios)} times the speed before** (median {median})") in notes
     assert f"{len(changed)} calls at {_span(ratios)} times the speed of 1a3db4f's" in readme
