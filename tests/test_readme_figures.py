@@ -604,7 +604,8 @@ def test_qk_transposed_one_warp_recording_is_quoted_as_recorded():
     quoted = (f"{lost['hf']['before']:.3f} / {lost['hf backward']['before']:.3f} -> "
               f"{lost['hf']['rule']:.3f} / {lost['hf backward']['rule']:.3f}")
     assert quoted in notes, quoted
+    before = f"{lost['hf']['before']:.3f} / {lost['hf backward']['before']:.3f}"
     assert (f"8 x 2 on 1 warp {lost['hf']['rule']:.3f} / {lost['hf backward']['rule']:.3f} "
-            f"against {lost['hf']['before']:.3f} / {lost['hf backward']['before']:.3f} on 2") in source
+            f"against {before} on 2") in source
     assert rope_qk.GATHERED_ONE_WARP_TILES["transposed"] == ((256, (2, 4), 1), (320, (4, 4), 4))
     assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS == {"cache": 16, "transposed": 8}

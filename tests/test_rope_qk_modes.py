@@ -1077,7 +1077,8 @@ def test_default_config_transposed(monkeypatch):
     with at least 4 heads in q and in k take whole rows in tiles of 4 tokens x 4 heads on 2 warps,
     in every dtype, but where 16-bit rows are padded (head_dim 80 in 128 channels: the pairs'
     tiles, on 4 warps), and where rotary_dim is not a multiple of 16 (40 of 80 channels, in
-    every dtype) whole rows with the partners gathered, 4 x 4 too (``_gathered_tile``);
+    every dtype) whole rows with the partners gathered, 4 x 4 too, in 16-bit 2 x 4 on 1 warp
+    (``_gathered_tile``);
     fewer k heads, head_dim 256, interleaved pairs, the interpreter and outputs in the inputs'
     order keep the other rules."""
     monkeypatch.setattr(rope_qk, "WHOLE_ROWS", False)
