@@ -159,5 +159,6 @@ def main(argv=None):
                  bytes="the rotated channels read and written once + the angle rows "
                        "(Problem.rotated_nbytes)")
 
+
 if __name__ == "__main__":
     main()

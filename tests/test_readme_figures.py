@@ -463,6 +463,27 @@ def test_gathered_one_warp_recording_is_quoted_as_recorded():
     assert r2.GATHERED_TILE_MIN_ROW_BYTES == 160
 
 
+def _qk_record_row(record: dict, shape: str, mode: str) -> dict:
+    """The row of ``shape``'s ``mode`` call in a scripts/qk_head_counts.py record (its key may
+    end in `` (same plan)``)."""
+    return next(r for k, r in record.items()
+                if k.split(": ")[0] == shape and k.split(": ")[1].split(" (")[0] == mode)
+
+
+def _qk_tiles(row: dict) -> str:
+    """A record row's tiles as the notes' tables write them: ``before -> rule``, or ``tile
+    (unchanged)``."""
+    before, rule = (row["tiles"][side].split(", loads")[0] for side in ("before", "rule"))
+    return f"{before} (unchanged)" if before == rule else f"{before} -> {rule}"
+
+
+def _qk_notes_table(marker: str) -> dict:
+    """The notes' table after ``marker``: each row's cells by its shape (the first cell without
+    a ``(chosen on)`` or ``(control)`` mark)."""
+    return {re.sub(r" \((chosen on|control)\)$", "", cells[0]): cells
+            for cells in table_after(marker, NOTES)}
+
+
 def _qk_record_texts(notes_text: str, changed: dict):
     """The README, ``notes_text`` and rope_qk.py (its comments' marks dropped) with whitespace
     runs as one space, and the changed calls' ratios and their median to 3 places."""
@@ -489,25 +510,13 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
     for key, row in changed.items():
         assert row["tiles"]["rule"].split(", loads")[0].endswith("on 1"), (key, row["tiles"])
     assert all(row["max_abs_difference"] == 0 for row in record.values())
-    section = NOTES[NOTES.index("`figures/qk_gathered_one_warp_h200.json`: H200"):]
-    lines = [line for line in section[:section.index("\n## ")].splitlines()
-             if line.startswith("| ")]
-
-    def row_of(shape, mode):
-        return next(r for k, r in record.items()
-                    if k.split(": ")[0] == shape and k.split(": ")[1].split(" (")[0] == mode)
-
-    def tiles(row):
-        before, rule = (row["tiles"][side].split(", loads")[0] for side in ("before", "rule"))
-        return f"{before} (unchanged)" if before == rule else f"{before} -> {rule}"
-
+    table = _qk_notes_table("`figures/qk_gathered_one_warp_h200.json`: H200")
     for shape in {k.split(": ")[0] for k in record}:
-        line = next(line for line in lines if line.startswith(f"| {shape} |")
-                    or line.startswith(f"| {shape} (chosen on) |"))
-        cells = [cell.strip() for cell in line.strip("| ").split("|")]
-        hf, hf_back, cache = (row_of(shape, m) for m in ("hf", "hf backward", "cache out of place"))
-        assert cells[1:] == [tiles(hf), f"{hf['before']:.3f} -> {hf['rule']:.3f}",
-                             f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}", tiles(cache),
+        cells = table[shape]
+        hf, hf_back, cache = (_qk_record_row(record, shape, m)
+                              for m in ("hf", "hf backward", "cache out of place"))
+        assert cells[1:] == [_qk_tiles(hf), f"{hf['before']:.3f} -> {hf['rule']:.3f}",
+                             f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}", _qk_tiles(cache),
                              f"{cache['before']:.3f} -> {cache['rule']:.3f}"], (shape, cells)
 
     readme, notes, source, ratios, median = _qk_record_texts(NOTES, changed)
@@ -532,7 +541,8 @@ def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
         "".join(cell["source"]) for cell in json.loads(
             (ROOT / "notebooks" / "07_packed_sequences_and_serving.ipynb").read_text())["cells"]
         if cell["cell_type"] == "markdown").split())
-    pythia = {m: row_of("hd80 32q/32k rot20", m)["rule"] for m in ("cache out of place", "hf")}
+    pythia = {m: _qk_record_row(record, "hd80 32q/32k rot20", m)["rule"]
+              for m in ("cache out of place", "hf")}
     quoted = (f"{pythia['cache out of place']:.3f} (the cache) and {pythia['hf']:.3f} (Hugging "
               f"Face's) of copy")
     assert quoted in notebook, quoted
@@ -562,37 +572,27 @@ def test_qk_transposed_one_warp_recording_is_quoted_as_recorded():
     marker = "`figures/qk_transposed_one_warp_h200.json`: H200"
     section = NOTES[NOTES.index(marker):]
     section = section[:section.index("\n## ")]
-    lines = [line for line in section.splitlines() if line.startswith("| ")]
-
-    def row_of(shape, mode):
-        return next(r for k, r in record.items()
-                    if k.split(": ")[0] == shape and k.split(": ")[1].split(" (")[0] == mode)
-
-    def tile(row, side):
-        return row["tiles"][side].split(", loads")[0]
-
+    table = _qk_notes_table(marker)
     shapes = {k.split(": ")[0] for k in record}
     for shape in shapes:
-        line = next(line for line in lines
-                    if re.match(rf"\| {re.escape(shape)}( \((chosen on|control)\))? \|", line))
-        cells = [cell.strip() for cell in line.strip("| ").split("|")]
-        hf, hf_back, cache = (row_of(shape, m) for m in ("hf", "hf backward", "cache out of place"))
-        hf_tile = (f"{tile(hf, 'before')} (unchanged)" if tile(hf, "before") == tile(hf, "rule")
-                   else f"{tile(hf, 'before')} -> {tile(hf, 'rule')}")
-        assert tile(cache, "before") == tile(cache, "rule"), shape
-        assert cells[1:] == [hf_tile, f"{hf['before']:.3f} -> {hf['rule']:.3f}",
+        cells = table[shape]
+        hf, hf_back, cache = (_qk_record_row(record, shape, m)
+                              for m in ("hf", "hf backward", "cache out of place"))
+        cache_tile = _qk_tiles(cache)
+        assert cache_tile.endswith(" (unchanged)"), shape
+        assert cells[1:] == [_qk_tiles(hf), f"{hf['before']:.3f} -> {hf['rule']:.3f}",
                              f"{hf_back['before']:.3f} -> {hf_back['rule']:.3f}",
-                             tile(cache, "rule"),
+                             cache_tile.removesuffix(" (unchanged)"),
                              f"{cache['before']:.3f} / {cache['rule']:.3f}"], (shape, cells)
-    assert len(lines) == len(shapes) + 1  # and the header
+    assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
 
     readme, notes, source, ratios, median = _qk_record_texts(section, changed)
     assert (f"The {len(changed)} calls whose tile changed, all Hugging Face's: "
             f"**{_span(ratios)} times the speed before** (median {median})") in notes
     assert f"{len(changed)} calls at {_span(ratios)} times the speed of 1a3db4f's" in readme
     assert f"{_span(ratios)} at the {len(changed)} calls changed (median {median})" in source
-    chosen = {line.split("|")[1].strip().split(" (")[0] for line in lines
-              if "(chosen on)" in line or "(control)" in line} | {"hd80 8q/2k rot20 batch 64"}
+    chosen = {cells[0].split(" (")[0] for cells in table_after(marker, NOTES)
+              if cells[0].endswith(("(chosen on)", "(control)"))} | {"hd80 8q/2k rot20 batch 64"}
     held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
     assert f"the 6 of held-out shapes {_span(held)}" in notes and len(held) == 6
     quoted = (f"{_span([r['before'] for r in changed.values()])} -> "

@@ -846,21 +846,19 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
     float32, rows past the table's (384 B) and the table emptied the 2-warp tiles before; in place
     the narrowed heads' 4 x 4 on 2 warps."""
     tile = rope_qk._gathered_tile
-    one = dict(all_heads=False, whole_rows=True, gather=True)
     for q, k, head_dim, transposed, want in (
             (32, 32, 80, False, (1, 16, 1)), (32, 8, 80, False, (1, 16, 1)),
             (64, 64, 96, False, (1, 16, 1)), (16, 16, 112, False, (1, 8, 1)),
             (32, 2, 160, False, (1, 8, 1)), (32, 8, 192, False, (2, 8, 2)),
-            (32, 32, 80, True, (2, 4, 1)), (16, 16, 128, True, (2, 4, 1)),
-            (32, 2, 128, True, (4, 2, 1)), (32, 8, 160, True, (4, 4, 1)),
-            (16, 16, 160, True, (4, 4, 1)), (32, 2, 160, True, (8, 2, 2)),
-            (8, 4, 160, True, (4, 4, 1)),
-            (32, 8, 192, True, (4, 4, 2)), (8, 8, 80, False, (4, 8, 2)),
-            (8, 8, 80, True, (2, 4, 1)), (8, 8, 128, True, (2, 4, 1)),
-            (8, 2, 80, True, (4, 2, 1)), (4, 4, 80, True, (4, 4, 2))):
+            (8, 8, 80, False, (4, 8, 2)), (32, 32, 80, True, (2, 4, 1)),
+            (16, 16, 128, True, (2, 4, 1)), (32, 2, 128, True, (4, 2, 1)),
+            (32, 8, 160, True, (4, 4, 1)), (16, 16, 160, True, (4, 4, 1)),
+            (32, 2, 160, True, (8, 2, 2)), (8, 4, 160, True, (4, 4, 1)),
+            (32, 8, 192, True, (4, 4, 2)), (8, 8, 80, True, (2, 4, 1)),
+            (8, 8, 128, True, (2, 4, 1)), (8, 2, 80, True, (4, 2, 1)),
+            (4, 4, 80, True, (4, 4, 2))):
         got = tile(4096, q, k, head_dim, 2, True, transposed)
-        assert got == dict(one, block_s=want[0], block_h=want[1], num_warps=want[2]), (
-            q, k, head_dim, transposed, got)
+        assert got == _gathered(*want), (q, k, head_dim, transposed, got)
         assert tile(4096, q, k, head_dim, 2, True, transposed, True)["num_warps"] == 2
         two_warps = tile(4096, q, k, head_dim // 2, 4, True, transposed)  # the same row bytes
         assert two_warps["num_warps"] == 2, (q, k, head_dim, transposed, two_warps)
