@@ -553,7 +553,7 @@ def _rotate_tile_x_first(
     ANGLES: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
     USE_CP: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr, INT64: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-    PASS: tl.constexpr, ROW: tl.constexpr, GATHER: tl.constexpr,
+    PASS: tl.constexpr, ROW: tl.constexpr, GATHER: tl.constexpr, POSITIONS_FIRST: tl.constexpr,
 ):
     """``_rotate_tile`` for a program of one head block whose table rows come from positions
     (``X_FIRST``): the tile's loads are issued first, then those of the positions and of the
@@ -561,14 +561,21 @@ def _rotate_tile_x_first(
     ptxas moves the positions' load and the rows' above the tile's and issues the tile's only
     once the positions have come: a program then has no byte of q or k in flight for one memory
     latency. A barrier is a point it does not move loads across (BAR.SYNC between the LDGs of
-    the tile and of the positions in the SASS; it waits on no load)."""
+    the tile and of the positions in the SASS; it waits on no load). With ``POSITIONS_FIRST``
+    the positions' load goes before the tile's (still with nothing waiting on it), and only the
+    rows' after the barrier: the rows' wait is then one latency shorter (``_positions_first``)."""
+    if POSITIONS_FIRST:
+        t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
+                            t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
+                            ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
     x1, x2, xp = _load_tile(x_ptr, s_idx, s_mask, pid_b, pid_h, heads, n_sub, rotary_dim,
                             head_dim, x_s, x_b, x_g, x_u, x_d, INTERLEAVED, INT64, BLOCK_H, HALF,
                             PASS, ROW, GATHER)
     tl.debug_barrier()
-    t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
-                        t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
-                        ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
+    if not POSITIONS_FIRST:
+        t_row = _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_len,
+                            t_stride_b, t_stride_s, p_stride_s, p_stride_b, cp_size, cp_rank,
+                            ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INT64)
     cos1, sin1, cos2, sin2 = _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
                                      ANGLES, INTERLEAVED, BACKWARD, FAST_TRIG, INT64, HALF, ROW)
     _store_tile(out_ptr, x1, x2, xp, cos1, sin1, cos2, sin2, s_idx, s_mask, pid_b, pid_h, heads,
@@ -622,6 +629,7 @@ def rope_qk_kernel(
     USE_CP: tl.constexpr,
     HAS_V: tl.constexpr,
     X_FIRST: tl.constexpr,  # q's (or k's) loads issued before the positions' (_rotate_tile_x_first)
+    POSITIONS_FIRST: tl.constexpr,  # with X_FIRST: the positions' load before q's (k's) too
     # Pairs: 0 half-split (j, j + rotary_dim/2); interleaved (2j, 2j+1): 1 split from a
     # [..., HALF, 2] tile, 2 read and written as one word each (q's and k's strides in words).
     INTERLEAVED: tl.constexpr,
@@ -782,7 +790,7 @@ def rope_qk_kernel(
                 q_s, q_b, q_g, q_u, q_d, qo_s, qo_b, qo_g, qo_u, qo_d,
                 t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
                 ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
-                BLOCK_H, HALF, PASS, ROW, GATHER)
+                BLOCK_H, HALF, PASS, ROW, GATHER, POSITIONS_FIRST)
         elif pid_h < q_blocks + k_blocks:
             _rotate_tile_x_first(
                 k_ptr, k_out_ptr, k_table_ptr, sin_ptr, positions_ptr, start_positions_ptr,
@@ -790,7 +798,7 @@ def rope_qk_kernel(
                 seq_len, k_s, k_b, k_g, k_u, k_d, ko_s, ko_b, ko_g, ko_u, ko_d,
                 t_stride_b, t_stride_s, t_stride_d, p_stride_s, p_stride_b, cp_size, cp_rank,
                 ANGLES, HAS_POSITIONS, HAS_START, USE_CP, INTERLEAVED, BACKWARD, FAST_TRIG, INT64,
-                BLOCK_HK, HALF, PASS, ROW, GATHER)
+                BLOCK_HK, HALF, PASS, ROW, GATHER, POSITIONS_FIRST)
         elif HAS_V:
             _copy_tile(v_ptr, v_out_ptr, s_idx, s_mask, pid_b, pid_h - q_blocks - k_blocks,
                        v_heads, v_dim, v_s, v_b, v_g, v_d, vo_s, vo_b, vo_g, vo_d,
@@ -874,6 +882,9 @@ NARROWED_ROWS = True
 PARTS_OUTER = True
 # q's and k's loads issued before the positions' (``X_FIRST`` in the kernel; ``_x_first``).
 LOADS_BEFORE_POSITIONS = True
+# The cache's gathered rows on more than one warp: the positions' load before q's and k's too
+# (``POSITIONS_FIRST`` in the kernel; ``_positions_first``).
+GATHERED_POSITIONS_FIRST = True
 # Tiles of their own for 16-bit half-split calls of the cos/sin cache and Hugging Face's tables
 # whose head counts the rules below fit badly: blocks partly masked (10, 12, 20 or 40 heads in
 # blocks of 8 or 16), 4 warps where 2 move more, one token's 2 KB where 2 tokens move more, or
@@ -947,6 +958,22 @@ def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
     kernel of 0892ecc compiled to the same SASS as before it (42 plans checked with Triton
     3.7.1); since d697775 the rotation is written as fma, which schedules most plans otherwise."""
     return LOADS_BEFORE_POSITIONS and has_positions and not interleaved and not narrowed
+
+
+def _positions_first(x_first: bool, gather: bool, all_heads: bool, num_warps: int) -> bool:
+    """Whether a program of one head block with ``X_FIRST`` also issues the positions' load before
+    the tile's (``POSITIONS_FIRST``): the cache's gathered rows (``_gathered_partners``) on more
+    than one warp. Its rows of cos and sin, one float32 row a token, are loaded at the positions'
+    addresses after the barrier; with the positions' load after the tile's too, the rows come
+    two latencies after the tile's first load. A probe (H200, 5 shuffled rounds, not recorded)
+    found where that costs: the cache's call with 8 q / 2 k heads at 20 of 80 channels (16 x 2
+    on 2 warps) at 0.869 / 0.871 of copy, 0.966 with the positions' load taken out (the
+    benchmark's positions are each token's index: the same rows), against 0.974 for a copy of
+    the same bytes. With the positions' load first 0.890; 12 q / 4 k at 28 of 112 (4 x 4) 0.880
+    -> 0.923, 8 q / 8 k at 20 of 80 (4 x 8) 0.958 -> 0.967. On one warp it lost up to 0.8
+    points (1 x 8 and 1 x 16 at 24 of 96 and 128, 20 of 80), in the plans of other calls with
+    positions (not gathered) up to 1.5 (bf16 32 q / 8 k heads, one sequence of 4096 tokens)."""
+    return GATHERED_POSITIONS_FIRST and x_first and gather and not all_heads and num_warps > 1
 
 
 def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bool, words: bool,
@@ -1575,6 +1602,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     # Whole rows with the partners gathered in registers: the rows cut at the rotary block.
     gather = whole_rows and bool(cfg.get("gather")) and (rotary_dim < head_dim or narrowed)
     rotary_block = max(16, _next_pow2(rotary_dim))  # (GATHER's row: 16 channels or more)
+    x_first = _x_first(has_positions, interleaved, narrowed)
     parts = [q, k] + ([v] if v is not None else [])
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
@@ -1597,7 +1625,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         HAS_START=has_start,
         USE_CP=cp_size > 1,
         HAS_V=v is not None,
-        X_FIRST=_x_first(has_positions, interleaved, narrowed),
+        X_FIRST=x_first,
+        POSITIONS_FIRST=_positions_first(x_first, gather, all_heads, cfg["num_warps"]),
         INTERLEAVED=2 if words else int(bool(interleaved)),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).

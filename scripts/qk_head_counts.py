@@ -15,6 +15,8 @@
         [--out figures/qk_gathered_one_warp_h200.json]
     python scripts/qk_head_counts.py --before /tmp/rope_qk_1a3db4f.py --only SHAPE,... \
         [--out figures/qk_transposed_one_warp_h200.json]
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_f999b0f.py --only SHAPE,... \
+        --modes "cache out of place,cache backward" [--out figures/qk_positions_first_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -32,20 +34,23 @@ rows with the partners gathered in registers (``GATHERED_PARTNERS``). The fifth 
 calls' tiles on 1 warp (``GATHERED_ONE_WARP_TILES``) against the tiles of 0ba0055, at five of the
 probe's shapes and seven held out. The sixth takes Hugging Face's call on them from 8 q heads and
 at rows of 320 B against the tiles of 1a3db4f (``figures/qk_transposed_one_warp_h200.json``).
+The seventh takes the cache's gathered calls on 2 warps, out of place forward and backward, with
+the positions' load issued before the tile's (``GATHERED_POSITIONS_FIRST``) against f999b0f
+(``figures/qk_positions_first_h200.json``).
 
-Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own
-module with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an
-earlier revision's, as the second recording compares the rules' later cases with the first's),
-both launched through the package's thin launch. Per
-shape (``SHAPES``: bf16, 16 x 4096 tokens unless said) and call (``MODES``: Hugging Face's
-function on the ``[b, h, s, d]`` views models hand over, forward and backward; the cos/sin cache
-out of place and in place): both sides' results within a unit in the last place of each other
-(another tile may fuse a multiply-add where this one does not; the largest difference is
-recorded), each in-place result equal to the same side's out-of-place one, then shuffled rounds
-(``bench.shuffled_rounds``; under 200 MB with the host kept ahead of the GPU), medians as a
-fraction of the run's 2 GB copy, bytes as the benchmark counts them. Calls whose plan the rule
-leaves alone are timed too, marked ``(same plan)``: the rule must not reach the benchmark's
-head counts (32 q / 8 k and 16 q / 4 k at head_dim 128, 32 q / 8 k at 64), and does not.
+Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own module
+with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an earlier
+revision's, as the second recording compares the rules' later cases with the first's), both launched
+through the package's thin launch. Per shape (``SHAPES``: bf16, 16 x 4096 tokens unless said) and
+call (``MODES``: Hugging Face's function on the ``[b, h, s, d]`` views models hand over, forward and
+backward; the cos/sin cache out of place and in place; ``--modes`` picks others, the cache's
+backward among them): both sides' results within a unit in the last place of each other (another
+tile may fuse a multiply-add where this one does not; the largest difference is recorded), each
+in-place result equal to the same side's out-of-place one, then shuffled rounds
+(``bench.shuffled_rounds``; under 200 MB with the host kept ahead of the GPU), medians as a fraction
+of the run's 2 GB copy, bytes as the benchmark counts them. Calls whose plan the rule leaves alone
+are timed too, marked ``(same plan)``: the rule must not reach the benchmark's head counts (32 q / 8
+k and 16 q / 4 k at head_dim 128, 32 q / 8 k at 64), and does not.
 """
 
 from __future__ import annotations
@@ -145,6 +150,13 @@ SHAPES = {
                                        batch=32),
     "hd112 12q/4k rot28 batch 32": dict(heads=12, k_heads=4, head_dim=112, rotary_percent=0.25,
                                         batch=32),
+    # the seventh recording (the positions' load first in the cache's gathered calls on 2 warps)
+    "hd160 8q/2k rot40 batch 32": dict(heads=8, k_heads=2, head_dim=160, rotary_percent=0.25,
+                                       batch=32),
+    "hd80 4q/4k rot20 batch 128": dict(heads=4, k_heads=4, head_dim=80, rotary_percent=0.25,
+                                       batch=128),
+    "hd96 8q/8k rot24 fp32 batch 32": dict(heads=8, k_heads=8, head_dim=96, rotary_percent=0.25,
+                                           dtype="fp32", batch=32),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),
@@ -158,11 +170,12 @@ MODES = ("hf", "hf backward", "cache out of place", "cache in place")
 def _plan_label(module, fn) -> str:
     """``plan_of``'s label of ``fn``'s plan, with ``, PASS_ROWS True`` where the plan moves the
     channels past rotary_dim as whole rows (the kernel of 683f4f5 and earlier has no such
-    constexpr, that of 7b5d384 has, later ones none) and ``, GATHER True`` where it gathers the
-    partners in registers: the same tile may run other code."""
+    constexpr, that of 7b5d384 has, later ones none), ``, GATHER True`` where it gathers the
+    partners in registers and ``, POSITIONS_FIRST True`` where it loads the positions before the
+    tile: the same tile may run other code."""
     label = plan_of(module, fn)
     (plan,) = module._PLANS.values()
-    return label + "".join(f", {name} True" for name in ("PASS_ROWS", "GATHER")
+    return label + "".join(f", {name} True" for name in ("PASS_ROWS", "GATHER", "POSITIONS_FIRST")
                            if plan.constexprs.get(name))
 
 
@@ -182,6 +195,8 @@ def main(argv=None):
                         help="comma-separated shape names (_ for a space)")
     parser.add_argument("--before", type=pathlib.Path, default=None,
                         help="the rope_qk.py of the side before (else HEAD_COUNT_TILES off)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated calls (qk_table_hint.calls' modes)")
     args = parser.parse_args(argv)
     assert rope_qk.launch is _launch.thin_launch  # as the package runs
     if args.before is None:
@@ -194,6 +209,8 @@ def main(argv=None):
     result["provenance"]["command"] = "python scripts/qk_head_counts.py" + "".join(
         f" --{name} {value}" for name, value in (("before", args.before), ("only", args.only))
         if value is not None)
+    if args.modes != ",".join(MODES):
+        result["provenance"]["command"] += f' --modes "{args.modes}"'
     if args.before is not None:
         result["provenance"]["before_sha256"] = hashlib.sha256(
             args.before.read_bytes()).hexdigest()[:16]
@@ -203,7 +220,7 @@ def main(argv=None):
 
     for name, kw in shapes.items():
         p = QKProblem(**kw)
-        for mode in MODES:
+        for mode in args.modes.split(","):
             sides = {"rule": calls(rope_qk, p, mode), "before": calls(before, p, mode)}
             tiles = {side: _plan_label(module, sides[side])
                      for side, module in (("rule", rope_qk), ("before", before))}

@@ -340,6 +340,30 @@ def test_cache_issues_q_loads_before_the_positions(compiled_modules, loads_befor
     assert (first_q < first_position) == loads_before_positions, loads
 
 
+@read_on_checked
+@pytest.mark.parametrize("positions_first", [True, False])
+def test_gathered_cache_issues_the_positions_load_first(compiled_modules, positions_first,
+                                                        monkeypatch):
+    """The cache's gathered rows on 2 warps (8 q / 2 k heads, 20 of 80 channels rotated: 16
+    tokens x 2 heads): with ``POSITIONS_FIRST`` the int64 positions' load (LDG.E.64) comes
+    before q's first 16-byte load (LDG.E.128), and the table's rows, which wait on it, after the
+    barrier; without it, the positions' load after q's (``X_FIRST`` alone)."""
+    qk = compiled_modules["rope_qk"]
+    monkeypatch.setattr(qk, "GATHERED_POSITIONS_FIRST", positions_first)
+    monkeypatch.setattr(qk, "_PLANS", {})
+    tokens, hq, hk, d, rotary_dim = 64 * 4096, 8, 2, 80, 20
+    bf16 = torch.bfloat16
+    q, k = meta(tokens, hq * d, dtype=bf16), meta(tokens, hk * d, dtype=bf16)
+    positions, cache = meta(tokens, dtype=torch.int64), meta(4096, rotary_dim, dtype=torch.float32)
+    launch = plan, _ = gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, d, cache))
+    c = plan.constexprs
+    assert (c["GATHER"], c["X_FIRST"], c["POSITIONS_FIRST"], plan.num_warps) == (
+        True, True, positions_first, 2)
+    loads = sass_loads(compile_qk(qk, launch))
+    first_q, first_position = loads.index("LDG.E.128"), loads.index("LDG.E.64")
+    assert (first_position < first_q) == positions_first, loads
+
+
 def pythia_launch(qk, hf: bool, dtype=torch.bfloat16):
     """The launch of Pythia 2.8B's call, 20 of 80 channels rotated (bf16 unless ``dtype``; 32
     heads of q and of k, 4096 tokens): Hugging Face's on the [b, h, s, d] views models hand

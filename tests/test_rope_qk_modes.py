@@ -1310,3 +1310,56 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
         assert in_plan.constexprs["X_FIRST"] == (flag and rotary_dim == head_size)
     q_out, k_out, q_in_place, k_in_place = results[True]
     assert torch.equal(q_in_place, q_out) and torch.equal(k_in_place, k_out), "in place"
+
+
+def test_positions_first_rule(monkeypatch):
+    """The positions' load before the tile's too (``POSITIONS_FIRST``) for programs of one head
+    block with ``X_FIRST`` whose rows are gathered, on more than one warp: not on one warp, not
+    for rows that are not gathered or all-heads programs, not without ``X_FIRST``, not with the
+    switch off."""
+    rule = rope_qk._positions_first  # (x_first, gather, all_heads, num_warps)
+    assert rule(True, True, False, 2) and rule(True, True, False, 4)
+    assert not rule(True, True, False, 1)
+    assert not rule(True, False, False, 2)
+    assert not rule(True, True, True, 2)
+    assert not rule(False, True, False, 2)
+    monkeypatch.setattr(rope_qk, "GATHERED_POSITIONS_FIRST", False)
+    assert not rule(True, True, False, 2)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("block_s,num_warps", [(4, 2), (2, 1)])
+def test_positions_first(block_s, num_warps, backward, seed, monkeypatch):
+    """The cache's gathered rows (12 of 20 channels rotated, 5 q / 3 k heads in blocks of 2, 7
+    tokens at positions in any order), forward and backward, into NaN-poisoned outputs, with the
+    switch on and off: the plan loads the positions first on 2 warps and not on 1, the results
+    are the same bits either way (the order of the loads changes no arithmetic) and match the
+    float64 reference."""
+    tokens, q_heads, k_heads, head_size, rotary_dim = 7, 5, 3, 20, 12
+    monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(
+        block_s=block_s, block_h=2, num_warps=num_warps, all_heads=False, whole_rows=True,
+        gather=True))
+    cache = make_cache(64, rotary_dim)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
+    query = randn((tokens, q_heads * head_size), torch.float32, seed)
+    key = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
+    results = {}
+    for flag in (True, False):
+        monkeypatch.setattr(rope_qk, "GATHERED_POSITIONS_FIRST", flag)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        q_out = torch.full_like(query, float("nan"))
+        k_out = torch.full_like(key, float("nan"))
+        rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, True,
+                                   query_out=q_out, key_out=k_out, backward=backward)
+        (plan,) = rope_qk._PLANS.values()
+        assert plan.constexprs["GATHER"] and plan.constexprs["X_FIRST"]
+        assert plan.constexprs["POSITIONS_FIRST"] == (flag and num_warps > 1)
+        results[flag] = q_out, k_out
+    for got, before in zip(results[True], results[False]):
+        assert torch.equal(got, before)
+    half = rotary_dim // 2  # the backward: the forward with the cache's sin half negated
+    ref_cache = torch.cat((cache[:, :half], -cache[:, half:]), -1) if backward else cache
+    for got, x, name in zip(results[True], (query, key), ("query", "key")):
+        assert_rope_close(got, cache_reference(positions, x, head_size, ref_cache, True),
+                          torch.float32, name)
