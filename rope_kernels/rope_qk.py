@@ -882,8 +882,8 @@ NARROWED_ROWS = True
 PARTS_OUTER = True
 # q's and k's loads issued before the positions' (``X_FIRST`` in the kernel; ``_x_first``).
 LOADS_BEFORE_POSITIONS = True
-# The cache's gathered rows on more than one warp: the positions' load before q's and k's too
-# (``POSITIONS_FIRST`` in the kernel; ``_positions_first``).
+# The cache's gathered rows on more than one warp, 4 tokens a program or more: the positions'
+# load before q's and k's too (``POSITIONS_FIRST`` in the kernel; ``_positions_first``).
 GATHERED_POSITIONS_FIRST = True
 # Tiles of their own for 16-bit half-split calls of the cos/sin cache and Hugging Face's tables
 # whose head counts the rules below fit badly: blocks partly masked (10, 12, 20 or 40 heads in
@@ -960,20 +960,28 @@ def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
     return LOADS_BEFORE_POSITIONS and has_positions and not interleaved and not narrowed
 
 
-def _positions_first(x_first: bool, gather: bool, all_heads: bool, num_warps: int) -> bool:
+def _positions_first(x_first: bool, gather: bool, all_heads: bool, num_warps: int,
+                     block_s: int) -> bool:
     """Whether a program of one head block with ``X_FIRST`` also issues the positions' load before
     the tile's (``POSITIONS_FIRST``): the cache's gathered rows (``_gathered_partners``) on more
-    than one warp. Its rows of cos and sin, one float32 row a token, are loaded at the positions'
-    addresses after the barrier; with the positions' load after the tile's too, the rows come
-    two latencies after the tile's first load. A probe (H200, 5 shuffled rounds, not recorded)
-    found where that costs: the cache's call with 8 q / 2 k heads at 20 of 80 channels (16 x 2
-    on 2 warps) at 0.869 / 0.871 of copy, 0.966 with the positions' load taken out (the
-    benchmark's positions are each token's index: the same rows), against 0.974 for a copy of
-    the same bytes. With the positions' load first 0.890; 12 q / 4 k at 28 of 112 (4 x 4) 0.880
-    -> 0.923, 8 q / 8 k at 20 of 80 (4 x 8) 0.958 -> 0.967. On one warp it lost up to 0.8
-    points (1 x 8 and 1 x 16 at 24 of 96 and 128, 20 of 80), in the plans of other calls with
-    positions (not gathered) up to 1.5 (bf16 32 q / 8 k heads, one sequence of 4096 tokens)."""
-    return GATHERED_POSITIONS_FIRST and x_first and gather and not all_heads and num_warps > 1
+    than one warp, in tiles of 4 tokens or more. Its rows of cos and sin, one float32 row a token,
+    are loaded at the positions' addresses after the barrier; with the positions' load after the
+    tile's too, the rows come two latencies after the tile's first load. A probe (H200, 5 shuffled
+    rounds, not recorded) found where that costs: the cache's call with 8 q / 2 k heads at 20 of 80
+    channels (16 x 2 on 2 warps) at 0.869 / 0.871 of copy, 0.966 with the positions' load taken out
+    (the benchmark's positions are each token's index: the same rows), against 0.974 for a copy of
+    the same bytes. With the positions' load first 0.890; 12 q / 4 k at 28 of 112 (4 x 4) 0.880 ->
+    0.923, 8 q / 8 k at 20 of 80 (4 x 8) 0.958 -> 0.967. On one warp it lost up to 0.8 points (1 x 8
+    and 1 x 16 at 24 of 96 and 128, 20 of 80), in the plans of other calls with positions (not
+    gathered) up to 1.5 (bf16 32 q / 8 k heads, one sequence of 4096 tokens). The first recording
+    (every gathered tile on 2 warps, figures/qk_positions_first_h200_run1.json, H200, 5 shuffled
+    rounds, the cache out of place forward and backward) had it 1.006-1.049 times the speed in tiles
+    of 4-16 tokens (level at 24 of 96 with 8 q / 8 k heads, 0.998 and 1.000) but 0.987-1.006 in
+    tiles of 2 tokens x 8 heads: float32 at 24 of 96 0.992-0.994, bf16 at 24 of 128 0.987 / 0.988.
+    So from 4 tokens a program (a rule set after that run: their rows of cos and sin, the loads that
+    wait, grow with the tokens)."""
+    return (GATHERED_POSITIONS_FIRST and x_first and gather and not all_heads and num_warps > 1
+            and block_s >= 4)
 
 
 def _gathered_partners(head_dim: int, rotary_dim: Optional[int], interleaved: bool, words: bool,
@@ -1626,7 +1634,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         USE_CP=cp_size > 1,
         HAS_V=v is not None,
         X_FIRST=x_first,
-        POSITIONS_FIRST=_positions_first(x_first, gather, all_heads, cfg["num_warps"]),
+        POSITIONS_FIRST=_positions_first(x_first, gather, all_heads, cfg["num_warps"],
+                                         cfg["block_s"]),
         INTERLEAVED=2 if words else int(bool(interleaved)),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).

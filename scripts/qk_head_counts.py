@@ -35,7 +35,9 @@ calls' tiles on 1 warp (``GATHERED_ONE_WARP_TILES``) against the tiles of 0ba005
 probe's shapes and seven held out. The sixth takes Hugging Face's call on them from 8 q heads and
 at rows of 320 B against the tiles of 1a3db4f (``figures/qk_transposed_one_warp_h200.json``).
 The seventh takes the cache's gathered calls on 2 warps, out of place forward and backward, with
-the positions' load issued before the tile's (``GATHERED_POSITIONS_FIRST``) against f999b0f
+the positions' load issued before the tile's (``GATHERED_POSITIONS_FIRST``) against f999b0f: its
+first run (``figures/qk_positions_first_h200_run1.json``, code of 347a1f6) took every such tile,
+after which the rule took tiles of 4 tokens or more, recorded with six shapes held out
 (``figures/qk_positions_first_h200.json``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own module
@@ -157,6 +159,19 @@ SHAPES = {
                                        batch=128),
     "hd96 8q/8k rot24 fp32 batch 32": dict(heads=8, k_heads=8, head_dim=96, rotary_percent=0.25,
                                            dtype="fp32", batch=32),
+    # held out from the seventh's first run (after which the rule took 4 tokens a program)
+    "hd96 4q/4k rot24 batch 128": dict(heads=4, k_heads=4, head_dim=96, rotary_percent=0.25,
+                                       batch=128),
+    "hd160 4q/1k rot40 batch 64": dict(heads=4, k_heads=1, head_dim=160, rotary_percent=0.25,
+                                       batch=64),
+    "hd80 8q/1k rot20 batch 64": dict(heads=8, k_heads=1, head_dim=80, rotary_percent=0.25,
+                                      batch=64),
+    "hd112 12q/4k rot28 fp16 batch 32": dict(heads=12, k_heads=4, head_dim=112,
+                                             rotary_percent=0.25, dtype="fp16", batch=32),
+    "hd80 8q/2k rot20 fp32 batch 32": dict(heads=8, k_heads=2, head_dim=80, rotary_percent=0.25,
+                                           dtype="fp32", batch=32),
+    "hd96 4q/4k rot24 fp32 batch 64": dict(heads=4, k_heads=4, head_dim=96, rotary_percent=0.25,
+                                           dtype="fp32", batch=64),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),

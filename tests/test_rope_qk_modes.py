@@ -1314,25 +1314,27 @@ def test_loads_before_positions(mode, rotary_dim, seed, monkeypatch):
 
 def test_positions_first_rule(monkeypatch):
     """The positions' load before the tile's too (``POSITIONS_FIRST``) for programs of one head
-    block with ``X_FIRST`` whose rows are gathered, on more than one warp: not on one warp, not
-    for rows that are not gathered or all-heads programs, not without ``X_FIRST``, not with the
-    switch off."""
-    rule = rope_qk._positions_first  # (x_first, gather, all_heads, num_warps)
-    assert rule(True, True, False, 2) and rule(True, True, False, 4)
-    assert not rule(True, True, False, 1)
-    assert not rule(True, False, False, 2)
-    assert not rule(True, True, True, 2)
-    assert not rule(False, True, False, 2)
+    block with ``X_FIRST`` whose rows are gathered, on more than one warp, 4 tokens or more: not
+    on one warp, not in tiles of 2 tokens, not for rows that are not gathered or all-heads
+    programs, not without ``X_FIRST``, not with the switch off."""
+    rule = rope_qk._positions_first  # (x_first, gather, all_heads, num_warps, block_s)
+    assert rule(True, True, False, 2, 4) and rule(True, True, False, 4, 16)
+    assert not rule(True, True, False, 1, 16)
+    assert not rule(True, True, False, 2, 2)
+    assert not rule(True, False, False, 2, 4)
+    assert not rule(True, True, True, 2, 4)
+    assert not rule(False, True, False, 2, 4)
     monkeypatch.setattr(rope_qk, "GATHERED_POSITIONS_FIRST", False)
-    assert not rule(True, True, False, 2)
+    assert not rule(True, True, False, 2, 4)
 
 
 @pytest.mark.parametrize("backward", [False, True])
-@pytest.mark.parametrize("block_s,num_warps", [(4, 2), (2, 1)])
+@pytest.mark.parametrize("block_s,num_warps", [(4, 2), (4, 1), (2, 2)])
 def test_positions_first(block_s, num_warps, backward, seed, monkeypatch):
     """The cache's gathered rows (12 of 20 channels rotated, 5 q / 3 k heads in blocks of 2, 7
     tokens at positions in any order), forward and backward, into NaN-poisoned outputs, with the
-    switch on and off: the plan loads the positions first on 2 warps and not on 1, the results
+    switch on and off: the plan loads the positions first in 4 tokens on 2 warps, not on 1 warp
+    nor in 2 tokens, the results
     are the same bits either way (the order of the loads changes no arithmetic) and match the
     float64 reference."""
     tokens, q_heads, k_heads, head_size, rotary_dim = 7, 5, 3, 20, 12
@@ -1354,7 +1356,7 @@ def test_positions_first(block_s, num_warps, backward, seed, monkeypatch):
                                    query_out=q_out, key_out=k_out, backward=backward)
         (plan,) = rope_qk._PLANS.values()
         assert plan.constexprs["GATHER"] and plan.constexprs["X_FIRST"]
-        assert plan.constexprs["POSITIONS_FIRST"] == (flag and num_warps > 1)
+        assert plan.constexprs["POSITIONS_FIRST"] == (flag and num_warps > 1 and block_s >= 4)
         results[flag] = q_out, k_out
     for got, before in zip(results[True], results[False]):
         assert torch.equal(got, before)
