@@ -13,7 +13,8 @@ fails here, in CI, before a GPU run measures it:
   shared memory and at most 64 registers (the 3-D tile: 1 KB and 94 on Triton 3.7.1; the 2-D
   one: none and 64 on 3.6 and on 3.7.1);
 - the cos/sin cache's programs issue q's loads before the positions' (``X_FIRST``; ptxas moves
-  the positions' load first without the kernel's barrier);
+  the positions' load first without the kernel's barrier), except its gathered rows on 2 warps,
+  which issue the positions' load first (``POSITIONS_FIRST``);
 - fused QKV (``rope_qk``'s whole rows on the pairs' tile) and ``rope_2d``'s bshd tile (8
   positions x 4 heads of whole rows): at most 64 registers (96 each with the 3-D tiles on Triton
   3.7.1; checked on 3.7.1 only, the other tests skip on other versions).

@@ -609,3 +609,75 @@ def test_qk_transposed_one_warp_recording_is_quoted_as_recorded():
             f"against {before} on 2") in source
     assert rope_qk.GATHERED_ONE_WARP_TILES["transposed"] == ((256, (2, 4), 1), (320, (4, 4), 4))
     assert rope_qk.GATHERED_ONE_WARP_MIN_Q_HEADS == {"cache": 16, "transposed": 8}
+
+
+def test_qk_positions_first_recording_is_quoted_as_recorded():
+    """figures/qk_positions_first_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
+    f999b0f --modes "cache out of place,cache backward"): the cache's gathered calls on 2 warps
+    with the positions' load first. Only the cache's calls were timed; the changed ones are
+    exactly the gathered tiles on 2 warps of 4 tokens or more, each the same tile as before with
+    ``POSITIONS_FIRST`` added and the same bits; the notes' table has every shape's tile, whether
+    the rule took it and its fractions both ways; the changed calls' range and median, the
+    held-out ones', the fractions before and after and the unchanged calls' range in the notes
+    (range, median and fractions also in the README and recorded_results); the first run's 2 x 8
+    tiles (_run1.json) in the notes and the kernel file; and the rule the record ran."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "qk_positions_first_h200.json").read_text())["shapes"]
+    run1 = json.loads((FIGURES / "qk_positions_first_h200_run1.json").read_text())["shapes"]
+    assert {k.split(": ")[1].split(" (")[0] for k in record} == {"cache out of place",
+                                                                "cache backward"}
+    changed = {k: r for k, r in record.items() if "same plan" not in k}
+    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    for key, row in record.items():
+        before, rule = row["tiles"]["before"], row["tiles"]["rule"]
+        tokens = int(rule.split(" x ")[0])
+        takes = "GATHER True" in rule and rule.split(",")[0].endswith("on 2") and tokens >= 4
+        assert ("POSITIONS_FIRST True" in rule) == takes == (key in changed), (key, rule)
+        assert rule.replace(", POSITIONS_FIRST True", "") == before, key
+        assert row["max_abs_difference"] == 0, key
+    marker = "`figures/qk_positions_first_h200.json`: H200"
+    section = NOTES[NOTES.index(marker):]
+    section = section[:section.index("\n## ")]
+    table = _qk_notes_table(marker)
+    shapes = {k.split(": ")[0] for k in record}
+    for shape in shapes:
+        out, back = (_qk_record_row(record, shape, m)
+                     for m in ("cache out of place", "cache backward"))
+        taken = "POSITIONS_FIRST True" in out["tiles"]["rule"]
+        arrow = " -> " if taken else " / "
+        assert table[shape][1:] == [
+            out["tiles"]["rule"].split(", loads")[0], "yes" if taken else "no",
+            f"{out['before']:.3f}{arrow}{out['rule']:.3f}",
+            f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
+    assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
+
+    readme, notes, source, ratios, median = _qk_record_texts(section, changed)
+    assert (f"The {len(changed)} calls the rule changed: **{_span(ratios)} times the speed "
+            f"before** (median {median})") in notes
+    assert f"{len(changed)} calls at {_span(ratios)} times the speed of f999b0f's (median " \
+        f"{median})" in readme
+    recorded = " ".join((ROOT / "docs" / "recorded_results.md").read_text().split())
+    assert f"the {len(changed)} calls the rule changed {_span(ratios)} times the speed before " \
+        f"(median {median})" in recorded
+    chosen = {cells[0].split(" (")[0] for cells in table_after(marker, NOTES)
+              if cells[0].endswith(("(chosen on)", "(control)"))}
+    held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
+    assert len(held) == 12 and (f"the 12 of the six held-out shapes {_span(held)} (median "
+                                f"{statistics.median(held):.3f})") in notes
+    fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
+                 f"**{_span([r['rule'] for r in changed.values()])}**")
+    for text in (notes, readme, recorded):
+        assert fractions.replace("**", "") in text.replace("**", ""), fractions
+    left = _span([r["ratio"] for r in unchanged.values()])
+    assert f"whose plan did not change: {left}" in notes and f"left alone {left}" in recorded
+    pairs = [r["ratio"] for k, r in run1.items()
+             if "same plan" not in k and r["tiles"]["rule"].startswith("2 x 8")]
+    assert len(pairs) == 10
+    assert f"had the 2 x 8 tiles at {_span(pairs)} times the speed" in notes
+    assert f"{_span(pairs)} in tiles of 2 tokens x 8 heads" in source
+    assert f"the 2 x 8 tiles {_span(pairs)} times the speed" in recorded
+    assert rope_qk.GATHERED_POSITIONS_FIRST is True
+    assert rope_qk._positions_first(True, True, False, 2, 4)
+    assert not rope_qk._positions_first(True, True, False, 2, 2)
+    assert not rope_qk._positions_first(True, True, False, 1, 16)
