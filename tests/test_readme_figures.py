@@ -484,6 +484,14 @@ def _qk_notes_table(marker: str) -> dict:
             for cells in table_after(marker, NOTES)}
 
 
+def _qk_notes_section(figure: str):
+    """The notes' section whose record marker names ``figure`` (a file under figures/), from
+    the marker to the next section, and its table (``_qk_notes_table``)."""
+    marker = f"`figures/{figure}`: H200"
+    section = NOTES[NOTES.index(marker):]
+    return section[:section.index("\n## ")], _qk_notes_table(marker)
+
+
 def _qk_record_texts(notes_text: str, changed: dict):
     """The README, ``notes_text`` and rope_qk.py (its comments' marks dropped) with whitespace
     runs as one space, and the changed calls' ratios and their median to 3 places."""
@@ -570,9 +578,7 @@ def test_qk_transposed_one_warp_recording_is_quoted_as_recorded():
         assert row["tiles"]["rule"].split(", loads")[0].endswith("on 1"), (key, row["tiles"])
     assert all(row["max_abs_difference"] == 0 for row in record.values())
     marker = "`figures/qk_transposed_one_warp_h200.json`: H200"
-    section = NOTES[NOTES.index(marker):]
-    section = section[:section.index("\n## ")]
-    table = _qk_notes_table(marker)
+    section, table = _qk_notes_section("qk_transposed_one_warp_h200.json")
     shapes = {k.split(": ")[0] for k in record}
     for shape in shapes:
         cells = table[shape]
@@ -637,9 +643,7 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
         assert rule.replace(", POSITIONS_FIRST True", "") == before, key
         assert row["max_abs_difference"] == 0, key
     marker = "`figures/qk_positions_first_h200.json`: H200"
-    section = NOTES[NOTES.index(marker):]
-    section = section[:section.index("\n## ")]
-    table = _qk_notes_table(marker)
+    section, table = _qk_notes_section("qk_positions_first_h200.json")
     shapes = {k.split(": ")[0] for k in record}
     for shape in shapes:
         out, back = (_qk_record_row(record, shape, m)
