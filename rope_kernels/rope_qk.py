@@ -1024,16 +1024,15 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                    on_gpu: bool, transposed: bool, narrowed: bool = False) -> dict:
     """The tile of a ``_gathered_partners`` call. In 16-bit out of place, on 1 warp
     (``GATHERED_ONE_WARP_TILES``): results transposed against the inputs (Hugging Face's views),
-    with 8 q heads or more, 2 tokens x 4 heads at rows of up to 256 B and 4 x 4 up to 320 B
-    (with 4 k heads or more); else, with 16 q heads or more, 16 rows of up to 192 B (1 token x
-    16 q heads: Pythia's 80 channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps:
-    transposed results 4 tokens x 4 heads (``TRANSPOSED_TILE``); else 32 rows of up to 192 B
-    (4 tokens x 8 heads), 16 of more (2 x 8). In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens x
-    4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within 3.0 points
-    of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on 4 x 8 on
-    4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on
-    2 x 8; at 24 of 128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K
-    elements.
+    with 8 q heads or more, 2 tokens x 4 heads at rows of up to 256 B and 4 x 4 up to 320 B (with 4
+    k heads or more); else, with 16 q heads or more, 16 rows of up to 192 B (1 token x 16 q heads:
+    Pythia's 80 channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps: transposed results
+    4 tokens x 4 heads (``TRANSPOSED_TILE``); else 32 rows of up to 192 B (4 tokens x 8 heads), 16
+    of more (2 x 8). In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens x 4-16 heads on
+    2 or 4 warps, H200, 3 shuffled rounds) these were the best or within 3.0 points of the best at
+    every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on 4 x 8 on 4 warps); the
+    next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on 2 x 8; at 24 of
+    128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K elements.
 
     In place (``narrowed``: ``head_dim`` is rotary_dim, rows of the rotated channels only, each
     a few dozen bytes with the rest of the head between them): 4 tokens x 4 heads on 2 warps,

@@ -74,6 +74,7 @@ from rope_kernels import rope_qk  # noqa: E402
 from rope_kernels.bench import QKProblem, copy_bandwidth_gbps, provenance  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
+from qk_table_hint import MODES as CALL_MODES  # noqa: E402
 from qk_table_hint import calls, flag_off_copy, medians, module_copy  # noqa: E402
 from qk_words_hd64 import largest_difference, plan_of  # noqa: E402
 
@@ -211,8 +212,12 @@ def main(argv=None):
     parser.add_argument("--before", type=pathlib.Path, default=None,
                         help="the rope_qk.py of the side before (else HEAD_COUNT_TILES off)")
     parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma-separated calls (qk_table_hint.calls' modes)")
+                        help=f"comma-separated calls among {CALL_MODES}")
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in CALL_MODES]
+    if unknown:  # calls() takes any other name for Hugging Face's backward
+        parser.error(f"--modes: {unknown} not among {CALL_MODES}")
     assert rope_qk.launch is _launch.thin_launch  # as the package runs
     if args.before is None:
         before = flag_off_copy("HEAD_COUNT_TILES")
@@ -235,7 +240,7 @@ def main(argv=None):
 
     for name, kw in shapes.items():
         p = QKProblem(**kw)
-        for mode in args.modes.split(","):
+        for mode in modes:
             sides = {"rule": calls(rope_qk, p, mode), "before": calls(before, p, mode)}
             tiles = {side: _plan_label(module, sides[side])
                      for side, module in (("rule", rope_qk), ("before", before))}

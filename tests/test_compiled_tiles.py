@@ -277,12 +277,13 @@ def test_rope_2d_reads_its_angle_table_evict_last(compiled_modules, backward):
     assert hinted and len(hinted) < len(loads), (len(hinted), len(loads))
 
 
-def cache_call(qk, dtype=torch.bfloat16):
-    """The launch of the cos/sin cache call out of place: 16 x 4096 tokens, 32 q / 8 k heads of
-    128, int64 positions (programs of one token's 8 heads on an H200)."""
-    tokens, hq, hk, d = 16 * 4096, 32, 8, 128
+def cache_call(qk, dtype=torch.bfloat16, tokens=16 * 4096, hq=32, hk=8, d=128, rotary_dim=None):
+    """The launch of the cos/sin cache call out of place: by default 16 x 4096 tokens, 32 q / 8 k
+    heads of 128 all rotated, int64 positions (programs of one token's 8 heads on an H200); a
+    cache of 4096 rows of ``rotary_dim`` (``d`` if None) channels."""
     q, k = meta(tokens, hq * d, dtype=dtype), meta(tokens, hk * d, dtype=dtype)
-    positions, cache = meta(tokens, dtype=torch.int64), meta(4096, d, dtype=torch.float32)
+    positions = meta(tokens, dtype=torch.int64)
+    cache = meta(4096, rotary_dim or d, dtype=torch.float32)
     return gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, d, cache))
 
 
@@ -352,11 +353,7 @@ def test_gathered_cache_issues_the_positions_load_first(compiled_modules, positi
     qk = compiled_modules["rope_qk"]
     monkeypatch.setattr(qk, "GATHERED_POSITIONS_FIRST", positions_first)
     monkeypatch.setattr(qk, "_PLANS", {})
-    tokens, hq, hk, d, rotary_dim = 64 * 4096, 8, 2, 80, 20
-    bf16 = torch.bfloat16
-    q, k = meta(tokens, hq * d, dtype=bf16), meta(tokens, hk * d, dtype=bf16)
-    positions, cache = meta(tokens, dtype=torch.int64), meta(4096, rotary_dim, dtype=torch.float32)
-    launch = plan, _ = gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, d, cache))
+    launch = plan, _ = cache_call(qk, tokens=64 * 4096, hq=8, hk=2, d=80, rotary_dim=20)
     c = plan.constexprs
     assert (c["GATHER"], c["X_FIRST"], c["POSITIONS_FIRST"], plan.num_warps) == (
         True, True, positions_first, 2)

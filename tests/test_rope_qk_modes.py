@@ -44,6 +44,13 @@ def mode(request, monkeypatch):
 PAIRINGS = [(True, False), (False, True), (False, False)]
 
 
+def _backward_cache(cache: torch.Tensor) -> torch.Tensor:
+    """The cache whose forward is ``cache``'s backward: a rotation by -theta, its sin half
+    negated."""
+    half = cache.shape[-1] // 2
+    return torch.cat((cache[:, :half], -cache[:, half:]), -1)
+
+
 @pytest.mark.parametrize("is_neox,words", PAIRINGS,
                          ids=["half-split", "interleaved-words", "interleaved-split"])
 @pytest.mark.parametrize("backward", [False, True])
@@ -67,8 +74,7 @@ def test_cache(mode, is_neox, words, backward, seed):
                                               and mode["block_h"] >= q_heads
                                               and mode.get("block_hk", mode["block_h"]) >= k_heads)
     assert plan.constexprs["ROW"] == (32 if mode.get("whole_rows") and is_neox else 0)
-    # The backward rotates by -theta: the forward with the cache's sin half negated.
-    ref_cache = torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache
+    ref_cache = _backward_cache(cache) if backward else cache
     assert_rope_close(q_out, cache_reference(positions, query, head_size, ref_cache, is_neox),
                       torch.float32, "query")
     assert_rope_close(k_out, cache_reference(positions, key, head_size, ref_cache, is_neox),
@@ -289,7 +295,7 @@ def test_cache_interleaved_pairs_as_words_and_fallback(dtype, backward, seed, mo
     monkeypatch.setattr(rope_qk, "_PLANS", {})
     head_size, rotary_dim = 20, 12
     cache = make_cache(32, rotary_dim)
-    ref_cache = (torch.cat((cache[:, :6], -cache[:, 6:]), -1) if backward else cache)
+    ref_cache = _backward_cache(cache) if backward else cache
     g = torch.Generator().manual_seed(seed)
     positions = torch.randint(0, 32, (5,), generator=g).to(DEVICE)
     for name, query, key, query_out, words in _interleaved_layouts(dtype, seed):
@@ -1360,8 +1366,7 @@ def test_positions_first(block_s, num_warps, backward, seed, monkeypatch):
         results[flag] = q_out, k_out
     for got, before in zip(results[True], results[False]):
         assert torch.equal(got, before)
-    half = rotary_dim // 2  # the backward: the forward with the cache's sin half negated
-    ref_cache = torch.cat((cache[:, :half], -cache[:, half:]), -1) if backward else cache
+    ref_cache = _backward_cache(cache) if backward else cache
     for got, x, name in zip(results[True], (query, key), ("query", "key")):
         assert_rope_close(got, cache_reference(positions, x, head_size, ref_cache, True),
                           torch.float32, name)
