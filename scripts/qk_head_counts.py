@@ -17,6 +17,8 @@
         [--out figures/qk_transposed_one_warp_h200.json]
     python scripts/qk_head_counts.py --before /tmp/rope_qk_f999b0f.py --only SHAPE,... \
         --modes "cache out of place,cache backward" [--out figures/qk_positions_first_h200.json]
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_5a683c8.py --only SHAPE,... \
+        --modes "cache out of place,cache backward" [--out figures/qk_few_k_gathered_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -38,7 +40,9 @@ The seventh takes the cache's gathered calls on 2 warps, out of place forward an
 the positions' load issued before the tile's (``GATHERED_POSITIONS_FIRST``) against f999b0f: its
 first run (``figures/qk_positions_first_h200_run1.json``, code of 347a1f6) took every such tile,
 after which the rule took tiles of 4 tokens or more, recorded with six shapes held out
-(``figures/qk_positions_first_h200.json``).
+(``figures/qk_positions_first_h200.json``). The eighth takes the cache's gathered calls with few k
+heads, 8 tokens x 4 q heads with k's blocks of its own heads (``FEW_K_HEAD_GATHERED_BLOCKS``),
+against 5a683c8, with six shapes held out (``figures/qk_few_k_gathered_h200.json``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own module
 with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an earlier
@@ -173,6 +177,23 @@ SHAPES = {
                                            dtype="fp32", batch=32),
     "hd96 4q/4k rot24 fp32 batch 64": dict(heads=4, k_heads=4, head_dim=96, rotary_percent=0.25,
                                            dtype="fp32", batch=64),
+    # the eighth: the cache's gathered calls with few k heads, k's blocks of their own (the
+    # probe's shapes above and these two; held out: the six after them)
+    "hd80 4q/2k rot20 batch 128": dict(heads=4, k_heads=2, head_dim=80, rotary_percent=0.25,
+                                       batch=128),
+    "hd96 12q/2k rot24 batch 32": dict(heads=12, k_heads=2, head_dim=96, rotary_percent=0.25,
+                                       batch=32),
+    "hd96 8q/1k rot24 batch 64": dict(heads=8, k_heads=1, head_dim=96, rotary_percent=0.25,
+                                      batch=64),
+    "hd96 8q/1k rot24 fp16 batch 64": dict(heads=8, k_heads=1, head_dim=96, rotary_percent=0.25,
+                                           dtype="fp16", batch=64),
+    "hd160 4q/2k rot40 batch 64": dict(heads=4, k_heads=2, head_dim=160, rotary_percent=0.25,
+                                       batch=64),
+    "hd128 8q/2k rot24 batch 32": dict(heads=8, k_heads=2, rotary_percent=0.1875, batch=32),
+    "hd112 12q/2k rot28 batch 32": dict(heads=12, k_heads=2, head_dim=112, rotary_percent=0.25,
+                                        batch=32),
+    "hd80 4q/1k rot20 batch 128": dict(heads=4, k_heads=1, head_dim=80, rotary_percent=0.25,
+                                       batch=128),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),

@@ -875,6 +875,86 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
     assert tile(1, 32, 32, 80, 2, True, True)["block_s"] == 1
 
 
+def test_few_k_head_gathered_blocks(monkeypatch):
+    """``FEW_K_HEAD_GATHERED_BLOCKS``: the cache's gathered calls out of place on a GPU in 16-bit,
+    rows of 160-320 B, 4 q heads or more and k's heads fewer than q's block would take, run 8
+    tokens x 4 q heads on 2 warps with k's blocks of its own heads; with the switch off q's blocks
+    are cut to k's head count. Float32, transposed results, in place, rows of 128 or 384 B, 2 q
+    heads, k's heads as many as the block and the interpreter keep the tile they had."""
+    tile = rope_qk._gathered_tile
+
+    def gathered(block_s, block_h, block_hk):
+        return dict(_gathered(block_s, block_h), block_hk=block_hk)
+
+    for q, k, head_dim, want, before in (
+            (8, 1, 80, gathered(8, 4, 1), _gathered(32, 1)),
+            (4, 1, 160, gathered(8, 4, 1), _gathered(16, 1)),
+            (8, 2, 80, gathered(8, 4, 2), _gathered(16, 2)),
+            (8, 2, 160, gathered(8, 4, 2), _gathered(8, 2)),
+            (12, 4, 112, gathered(8, 4, 4), _gathered(4, 4)),
+            (12, 2, 96, gathered(8, 4, 2), _gathered(16, 2)),
+            (4, 2, 80, gathered(8, 4, 2), _gathered(16, 2))):
+        assert tile(4096, q, k, head_dim, 2, True, False) == want, (q, k, head_dim)
+        assert tile(5, q, k, head_dim, 2, True, False)["block_s"] == 8  # 5 tokens: 8 is next
+        monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", False)
+        assert tile(4096, q, k, head_dim, 2, True, False) == before, (q, k, head_dim)
+        monkeypatch.undo()
+    for args in ((4096, 8, 2, 40, 4, True, False),  # float32: 320 B rows
+                 (4096, 8, 1, 80, 2, True, True),  # transposed (Hugging Face's views)
+                 (4096, 8, 1, 80, 2, True, False, True),  # in place, the heads narrowed
+                 (4096, 8, 2, 64, 2, True, False),  # 128 B rows
+                 (4096, 8, 2, 192, 2, True, False),  # 384 B rows
+                 (4096, 2, 1, 80, 2, True, False),  # 2 q heads
+                 (4096, 8, 8, 80, 2, True, False), (4096, 4, 4, 80, 2, True, False),
+                 (4096, 16, 1, 80, 2, True, False),  # 16 q heads: 1 warp
+                 (4096, 8, 1, 80, 2, False, False)):  # the interpreter
+        on = tile(*args)
+        monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", False)
+        assert tile(*args) == on, args
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("shape", [(11, 8, 1, 80, 20), (9, 12, 4, 112, 28), (10, 4, 2, 80, 20)],
+                         ids=lambda s: "{}t-{}q-{}k-{}of{}".format(*s[:3], s[4], s[3]))
+def test_few_k_head_gathered_blocks_results(shape, backward, seed, monkeypatch):
+    """The cache's call in bf16 with the GPU's plan (``default_config`` told it runs on a GPU, in
+    the interpreter too) at few k heads, positions in any order, forward and backward, into
+    NaN-poisoned outputs: with ``FEW_K_HEAD_GATHERED_BLOCKS`` blocks of 4 q heads and k's own
+    (``BLOCK_HK``), without it q's blocks cut to k's head count; the same bits either way, and
+    the float64 reference's values."""
+    tokens, q_heads, k_heads, head_size, rotary_dim = shape
+    config = rope_qk.default_config
+    monkeypatch.setattr(rope_qk, "default_config",
+                        lambda *args: config(*args[:5], True, *args[6:]))
+    cache = make_cache(64, rotary_dim)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
+    query = randn((tokens, q_heads * head_size), torch.bfloat16, seed)
+    key = randn((tokens, k_heads * head_size), torch.bfloat16, seed + 1)
+    k_block = 1 << (k_heads - 1).bit_length()
+    results = {}
+    for flag in (True, False):
+        monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", flag)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        q_out = torch.full_like(query, float("nan"))
+        k_out = torch.full_like(key, float("nan"))
+        rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, True,
+                                   query_out=q_out, key_out=k_out, backward=backward)
+        (plan,) = rope_qk._PLANS.values()
+        c = plan.constexprs
+        assert c["GATHER"] and plan.num_warps == 2, c
+        want = (8, 4, k_block) if flag else (c["BLOCK_S"], k_block, k_block)
+        assert (c["BLOCK_S"], c["BLOCK_H"], c["BLOCK_HK"]) == want, (flag, c)
+        results[flag] = q_out, k_out
+    for got, before in zip(results[True], results[False]):
+        assert torch.equal(got, before)
+    ref_cache = _backward_cache(cache) if backward else cache
+    for got, x, name in zip(results[True], (query, key), ("query", "key")):
+        assert_rope_close(got, cache_reference(positions, x, head_size, ref_cache, True),
+                          torch.bfloat16, name)
+
+
 @pytest.mark.parametrize("case", list(MODEL_SHAPE_CASES), ids=lambda c: "-".join(map(str, c)))
 def test_model_shape_tiles(monkeypatch, case, seed):
     """The calls of MODEL_SHAPE_CASES in bf16 (5 tokens): out of place into NaN-poisoned outputs
