@@ -950,7 +950,10 @@ GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}
 # 0.869 backward; 4 q / 1 k at 40 of 160 0.631 -> 0.836; 8 q / 2 k at 20 of 80 0.889 -> 0.915;
 # 12 q / 4 k at 28 of 112 0.925 -> 0.944; 12 q / 2 k at 24 of 96 level (0.929 / 0.931). Float32
 # lost (8 q / 2 k at 20 of 80: 0.944 on 8 x 2 / 2, 0.902 on 8 x 4 / 2), so 16-bit only; rows of
-# 160-320 B (the probe's) and from 4 q heads.
+# 160-320 B (the probe's) and from 4 q heads. Its first recording against 5a683c8
+# (figures/qk_few_k_gathered_h200_run1.json, code of 982f601) had 26 of 28 calls 1.002-1.323 times
+# the speed before, but rows of 256 B (held out: 8 q / 2 k at 24 of 128, rows a power of two, with
+# no padding) 0.976 / 0.969; so rows not a power of two.
 FEW_K_HEAD_GATHERED_BLOCKS = True
 
 
@@ -1037,14 +1040,15 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     with 8 q heads or more, 2 tokens x 4 heads at rows of up to 256 B and 4 x 4 up to 320 B (with 4
     k heads or more); else, with 16 q heads or more, 16 rows of up to 192 B (1 token x 16 q heads:
     Pythia's 80 channels, GPT-NeoX 20B's 96), 8 of up to 320 B. Else on 2 warps: transposed results
-    4 tokens x 4 heads (``TRANSPOSED_TILE``); in 16-bit at rows of 160-320 B where k's heads are
-    fewer than q's block would take (``FEW_K_HEAD_GATHERED_BLOCKS``), 8 tokens x 4 q heads with k's
-    blocks of its own heads; else 32 rows of up to 192 B (4 tokens x 8 heads), 16 of more (2 x 8),
-    q's blocks cut to k's head count. In the probe of ``_gathered_partners`` (11 tiles of 1-8 tokens
-    x 4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within 3.0 points
-    of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on 4 x 8 on 4
-    warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8, 0.895 on 2 x
-    8; at 24 of 128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K elements.
+    4 tokens x 4 heads (``TRANSPOSED_TILE``); in 16-bit at rows of 160-320 B (not 256) where k's
+    heads are fewer than q's block would take (``FEW_K_HEAD_GATHERED_BLOCKS``), 8 tokens x 4 q heads
+    with k's blocks of its own heads; else 32 rows of up to 192 B (4 tokens x 8 heads), 16 of more
+    (2 x 8), q's blocks cut to k's head count. In the probe of ``_gathered_partners`` (11 tiles of
+    1-8 tokens x 4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within
+    3.0 points of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on
+    4 x 8 on 4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8,
+    0.895 on 2 x 8; at 24 of 128: 0.963 on 2 x 8, 0.913 on 4 x 8). The interpreter: tiles of 16K
+    elements.
 
     In place (``narrowed``: ``head_dim`` is rotary_dim, rows of the rotated channels only, each
     a few dozen bytes with the rest of the head between them): 4 tokens x 4 heads on 2 warps,
@@ -1064,7 +1068,7 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     row_bytes = head_dim * element_size
     one_warp = _gathered_one_warp(row_bytes, element_size, q_heads, k_heads, transposed)
     if (FEW_K_HEAD_GATHERED_BLOCKS and one_warp is None and not transposed and element_size == 2
-            and 160 <= row_bytes <= 320 and q_heads >= 4
+            and 160 <= row_bytes <= 320 and row_bytes & (row_bytes - 1) and q_heads >= 4
             and _next_pow2(k_heads) < min(8, _next_pow2(q_heads))):
         return dict(block_s=min(_next_pow2(max(1, seq_len)), 8), block_h=4,
                     block_hk=_next_pow2(k_heads), num_warps=2, all_heads=False,

@@ -42,7 +42,9 @@ first run (``figures/qk_positions_first_h200_run1.json``, code of 347a1f6) took 
 after which the rule took tiles of 4 tokens or more, recorded with six shapes held out
 (``figures/qk_positions_first_h200.json``). The eighth takes the cache's gathered calls with few k
 heads, 8 tokens x 4 q heads with k's blocks of its own heads (``FEW_K_HEAD_GATHERED_BLOCKS``),
-against 5a683c8, with six shapes held out (``figures/qk_few_k_gathered_h200.json``).
+against 5a683c8, with six shapes held out: its first run (``..._run1.json``, code of 982f601) had
+rows of 256 B (held out) behind, after which those kept their tile, recorded with two more shapes
+held out (``figures/qk_few_k_gathered_h200.json``).
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own module
 with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an earlier
@@ -194,6 +196,11 @@ SHAPES = {
                                         batch=32),
     "hd80 4q/1k rot20 batch 128": dict(heads=4, k_heads=1, head_dim=80, rotary_percent=0.25,
                                        batch=128),
+    # held out from the eighth's first run (after which rows of 256 B kept their tile)
+    "hd112 8q/1k rot28 batch 64": dict(heads=8, k_heads=1, head_dim=112, rotary_percent=0.25,
+                                       batch=64),
+    "hd160 8q/1k rot40 batch 32": dict(heads=8, k_heads=1, head_dim=160, rotary_percent=0.25,
+                                       batch=32),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),

@@ -877,10 +877,11 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
 
 def test_few_k_head_gathered_blocks(monkeypatch):
     """``FEW_K_HEAD_GATHERED_BLOCKS``: the cache's gathered calls out of place on a GPU in 16-bit,
-    rows of 160-320 B, 4 q heads or more and k's heads fewer than q's block would take, run 8
-    tokens x 4 q heads on 2 warps with k's blocks of its own heads; with the switch off q's blocks
-    are cut to k's head count. Float32, transposed results, in place, rows of 128 or 384 B, 2 q
-    heads, k's heads as many as the block and the interpreter keep the tile they had."""
+    rows of 160-320 B but 256 B, 4 q heads or more and k's heads fewer than q's block would take,
+    run 8 tokens x 4 q heads on 2 warps with k's blocks of its own heads; with the switch off q's
+    blocks are cut to k's head count. Float32, transposed results, in place, rows of 128, 256 or
+    384 B, 2 q heads, k's heads as many as the block and the interpreter keep the tile they had
+    (at 256 B the first recording measured it behind, ..._run1.json)."""
     tile = rope_qk._gathered_tile
 
     def gathered(block_s, block_h, block_hk):
@@ -904,6 +905,7 @@ def test_few_k_head_gathered_blocks(monkeypatch):
                  (4096, 8, 1, 80, 2, True, False, True),  # in place, the heads narrowed
                  (4096, 8, 2, 64, 2, True, False),  # 128 B rows
                  (4096, 8, 2, 192, 2, True, False),  # 384 B rows
+                 (4096, 8, 2, 128, 2, True, False),  # 256 B rows: a power of two
                  (4096, 2, 1, 80, 2, True, False),  # 2 q heads
                  (4096, 8, 8, 80, 2, True, False), (4096, 4, 4, 80, 2, True, False),
                  (4096, 16, 1, 80, 2, True, False),  # 16 q heads: 1 warp
