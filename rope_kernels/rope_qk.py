@@ -943,17 +943,19 @@ GATHERED_ONE_WARP_TILES = {"cache": ((192, 16, 1), (320, 8, 1)),
                            "transposed": ((256, (2, 4), 1), (320, (4, 4), 4))}
 GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}
 # ``_gathered_tile`` out of place in 16-bit on 2 warps, results not transposed (the cache's calls,
-# forward and backward), where k has fewer heads than q's block would take: 8 tokens x 4 q heads
-# a program, k's blocks of its own heads (``block_hk``), not q's blocks cut to k's head count
-# (32 x 1 with 1 k head, 16 x 2 with 2). A probe (H200, 5 shuffled rounds, not recorded, 17 tiles
-# at 9 models' shapes): 8 q / 1 k heads at 20 of 80 0.705 -> 0.868 of copy forward, 0.701 ->
-# 0.869 backward; 4 q / 1 k at 40 of 160 0.631 -> 0.836; 8 q / 2 k at 20 of 80 0.889 -> 0.915;
-# 12 q / 4 k at 28 of 112 0.925 -> 0.944; 12 q / 2 k at 24 of 96 level (0.929 / 0.931). Float32
-# lost (8 q / 2 k at 20 of 80: 0.944 on 8 x 2 / 2, 0.902 on 8 x 4 / 2), so 16-bit only; rows of
-# 160-320 B (the probe's) and from 4 q heads. Its first recording against 5a683c8
+# forward and backward), where k has fewer heads than q's block would take: 8 tokens x 4 q heads a
+# program, k's blocks of its own heads (``block_hk``), not q's blocks cut to k's head count (32 x 1
+# with 1 k head, 16 x 2 with 2). A probe (H200, 5 shuffled rounds, not recorded, 17 tiles at 9
+# models' shapes): 8 q / 1 k heads at 20 of 80 0.705 -> 0.868 of copy forward, 0.701 -> 0.869
+# backward; 4 q / 1 k at 40 of 160 0.631 -> 0.836; 8 q / 2 k at 20 of 80 0.889 -> 0.915; 12 q / 4 k
+# at 28 of 112 0.925 -> 0.944; 12 q / 2 k at 24 of 96 level (0.929 / 0.931). Float32 lost (8 q / 2 k
+# at 20 of 80: 0.944 on 8 x 2 / 2, 0.902 on 8 x 4 / 2), so 16-bit only; rows of 160-320 B (the
+# probe's) and from 4 q heads. Its first recording against 5a683c8
 # (figures/qk_few_k_gathered_h200_run1.json, code of 982f601) had 26 of 28 calls 1.002-1.323 times
 # the speed before, but rows of 256 B (held out: 8 q / 2 k at 24 of 128, rows a power of two, with
-# no padding) 0.976 / 0.969; so rows not a power of two.
+# no padding) 0.976 / 0.969; so rows not a power of two. Recorded so
+# (figures/qk_few_k_gathered_h200.json, H200, 5 shuffled rounds, 19 shapes, 8 held out): 1.000-1.380
+# at the 30 calls changed (median 1.043), 0.628-0.928 -> 0.818-0.943 of copy, the same bits.
 FEW_K_HEAD_GATHERED_BLOCKS = True
 
 

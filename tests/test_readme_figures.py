@@ -685,3 +685,73 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
     assert rope_qk._positions_first(True, True, False, 2, 4)
     assert not rope_qk._positions_first(True, True, False, 2, 2)
     assert not rope_qk._positions_first(True, True, False, 1, 16)
+
+
+def test_qk_few_k_gathered_recording_is_quoted_as_recorded():
+    """figures/qk_few_k_gathered_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
+    5a683c8 --modes "cache out of place,cache backward"): the cache's gathered calls with few k
+    heads on k's own blocks. Only the cache's calls were timed; the changed ones are exactly the
+    16-bit calls ``FEW_K_HEAD_GATHERED_BLOCKS`` covers (per the rule today), each now 8 tokens x 4
+    q heads on 2 warps, with the same bits; the notes' table has every shape's tiles and
+    fractions both ways; the changed calls' range and median, the held-out ones', the fractions
+    before and after and the unchanged calls' range in the notes (range, median and fractions
+    also in the README, recorded_results and the kernel file); the first run's call at rows of
+    256 B (_run1.json) in the notes, recorded_results and the kernel file."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "qk_few_k_gathered_h200.json").read_text())["shapes"]
+    run1 = json.loads((FIGURES / "qk_few_k_gathered_h200_run1.json").read_text())["shapes"]
+    assert {k.split(": ")[1].split(" (")[0] for k in record} == {"cache out of place",
+                                                                "cache backward"}
+    changed = {k: r for k, r in record.items() if "same plan" not in k}
+    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    for key, row in record.items():
+        head_dim, heads, k_heads = map(int, re.match(r"hd(\d+) (\d+)q/(\d+)k ", key).groups())
+        fp32 = " fp32 " in key
+        row_bytes = head_dim * (4 if fp32 else 2)
+        covered = (not fp32 and 160 <= row_bytes <= 320
+                   and row_bytes & (row_bytes - 1) != 0 and 4 <= heads < 16
+                   and rope_qk._next_pow2(k_heads) < min(8, rope_qk._next_pow2(heads)))
+        assert (key in changed) == covered, key
+        if covered:
+            assert row["tiles"]["rule"].startswith("8 x 4 on 2,"), (key, row["tiles"])
+        assert row["max_abs_difference"] == 0, key
+    marker = "`figures/qk_few_k_gathered_h200.json`: H200"
+    section, table = _qk_notes_section("qk_few_k_gathered_h200.json")
+    shapes = {k.split(": ")[0] for k in record}
+    for shape in shapes:
+        out, back = (_qk_record_row(record, shape, m)
+                     for m in ("cache out of place", "cache backward"))
+        arrow = " / " if out["tiles"]["rule"] == out["tiles"]["before"] else " -> "
+        assert table[shape][1:] == [
+            _qk_tiles(out).removesuffix(" (unchanged)"),
+            f"{out['before']:.3f}{arrow}{out['rule']:.3f}",
+            f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
+    assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
+
+    readme, notes, source, ratios, median = _qk_record_texts(section, changed)
+    assert (f"The {len(changed)} calls the rule changed: **{_span(ratios)} times the speed "
+            f"before** (median {median})") in notes
+    assert f"{len(changed)} calls at {_span(ratios)} times the speed of 5a683c8's (median " \
+        f"{median})" in readme
+    assert f"{_span(ratios)} at the {len(changed)} calls changed (median {median})" in source
+    recorded = " ".join((ROOT / "docs" / "recorded_results.md").read_text().split())
+    assert f"the {len(changed)} calls the rule changed {_span(ratios)} times the speed before " \
+        f"(median {median})" in recorded
+    chosen = {cells[0].split(" (")[0] for cells in table_after(marker, NOTES)
+              if cells[0].endswith(("(chosen on)", "(control)"))}
+    held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
+    assert len(held) == 16 and (f"the 16 of the eight held-out shapes whose plan changed "
+                                f"{_span(held)} (median {statistics.median(held):.3f})") in notes
+    fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
+                 f"**{_span([r['rule'] for r in changed.values()])}**")
+    for text in (notes, readme, recorded, source):
+        assert fractions.replace("**", "") in text.replace("**", ""), fractions
+    left = _span([r["ratio"] for r in unchanged.values()])
+    assert f"whose plan did not change: {left}" in notes and f"left alone {left}" in recorded
+    lost = [r for k, r in run1.items() if k.startswith("hd128 8q/2k rot24 batch 32")]
+    assert [r["ratio"] < 1 for r in lost] == [True, True]
+    quoted = f"{lost[0]['ratio']:.3f} / {lost[1]['ratio']:.3f}"
+    for text in (notes, source, recorded):
+        assert quoted in text, quoted
+    assert rope_qk.FEW_K_HEAD_GATHERED_BLOCKS is True
