@@ -501,6 +501,48 @@ def _qk_record_texts(notes_text: str, changed: dict):
     return flat(README), flat(notes_text), flat(source), ratios, f"{statistics.median(ratios):.3f}"
 
 
+def _qk_cache_record(name: str):
+    """A cache-only q+k record ``figures/<name>.json`` (``--modes "cache out of place,cache
+    backward"``, asserted) and its first run's (``<name>_run1.json``) shapes; and the record's
+    changed and unchanged (``same plan``) calls."""
+    record = json.loads((FIGURES / f"{name}.json").read_text())["shapes"]
+    run1 = json.loads((FIGURES / f"{name}_run1.json").read_text())["shapes"]
+    assert {k.split(": ")[1].split(" (")[0] for k in record} == {"cache out of place",
+                                                                "cache backward"}
+    changed = {k: r for k, r in record.items() if "same plan" not in k}
+    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    return record, run1, changed, unchanged
+
+
+def _qk_rule_record_quoted(figure: str, changed: dict, unchanged: dict, before: str):
+    """The quotes of a cache-only q+k record (``figure``, timed against the rope_qk.py of
+    ``before``) that its notes section, the README and recorded_results share: the changed
+    calls' range and median, their fractions before -> after, the unchanged calls' range.
+    Returns the notes section, README, kernel source and recorded_results (whitespace runs as
+    one space) and the held-out calls' ratios (shapes the table does not mark chosen on or
+    control)."""
+    section, _ = _qk_notes_section(figure)
+    readme, notes, source, ratios, median = _qk_record_texts(section, changed)
+    recorded = " ".join((ROOT / "docs" / "recorded_results.md").read_text().split())
+    assert (f"The {len(changed)} calls the rule changed: **{_span(ratios)} times the speed "
+            f"before** (median {median})") in notes
+    assert f"{len(changed)} calls at {_span(ratios)} times the speed of {before}'s (median " \
+        f"{median})" in readme
+    assert f"the {len(changed)} calls the rule changed {_span(ratios)} times the speed before " \
+        f"(median {median})" in recorded
+    fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
+                 f"{_span([r['rule'] for r in changed.values()])}")
+    for text in (notes, readme, recorded):
+        assert fractions in text.replace("**", ""), fractions
+    left = _span([r["ratio"] for r in unchanged.values()])
+    assert f"whose plan did not change: {left}" in notes and f"left alone {left}" in recorded
+    marker = f"`figures/{figure}`: H200"
+    chosen = {cells[0].split(" (")[0] for cells in table_after(marker, NOTES)
+              if cells[0].endswith(("(chosen on)", "(control)"))}
+    held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
+    return notes, readme, source, recorded, held
+
+
 def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
     """figures/qk_gathered_one_warp_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
     0ba0055): the q+k kernel's gathered rows on GATHERED_ONE_WARP_TILES. Every changed call on 1
@@ -629,12 +671,7 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
     tiles (_run1.json) in the notes and the kernel file; and the rule the record ran."""
     from rope_kernels import rope_qk
 
-    record = json.loads((FIGURES / "qk_positions_first_h200.json").read_text())["shapes"]
-    run1 = json.loads((FIGURES / "qk_positions_first_h200_run1.json").read_text())["shapes"]
-    assert {k.split(": ")[1].split(" (")[0] for k in record} == {"cache out of place",
-                                                                "cache backward"}
-    changed = {k: r for k, r in record.items() if "same plan" not in k}
-    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    record, run1, changed, unchanged = _qk_cache_record("qk_positions_first_h200")
     for key, row in record.items():
         before, rule = row["tiles"]["before"], row["tiles"]["rule"]
         tokens = int(rule.split(" x ")[0])
@@ -643,7 +680,7 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
         assert rule.replace(", POSITIONS_FIRST True", "") == before, key
         assert row["max_abs_difference"] == 0, key
     marker = "`figures/qk_positions_first_h200.json`: H200"
-    section, table = _qk_notes_section("qk_positions_first_h200.json")
+    _, table = _qk_notes_section("qk_positions_first_h200.json")
     shapes = {k.split(": ")[0] for k in record}
     for shape in shapes:
         out, back = (_qk_record_row(record, shape, m)
@@ -656,25 +693,10 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
             f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
     assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
 
-    readme, notes, source, ratios, median = _qk_record_texts(section, changed)
-    assert (f"The {len(changed)} calls the rule changed: **{_span(ratios)} times the speed "
-            f"before** (median {median})") in notes
-    assert f"{len(changed)} calls at {_span(ratios)} times the speed of f999b0f's (median " \
-        f"{median})" in readme
-    recorded = " ".join((ROOT / "docs" / "recorded_results.md").read_text().split())
-    assert f"the {len(changed)} calls the rule changed {_span(ratios)} times the speed before " \
-        f"(median {median})" in recorded
-    chosen = {cells[0].split(" (")[0] for cells in table_after(marker, NOTES)
-              if cells[0].endswith(("(chosen on)", "(control)"))}
-    held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
+    notes, readme, source, recorded, held = _qk_rule_record_quoted(
+        "qk_positions_first_h200.json", changed, unchanged, "f999b0f")
     assert len(held) == 12 and (f"the 12 of the six held-out shapes {_span(held)} (median "
                                 f"{statistics.median(held):.3f})") in notes
-    fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
-                 f"**{_span([r['rule'] for r in changed.values()])}**")
-    for text in (notes, readme, recorded):
-        assert fractions.replace("**", "") in text.replace("**", ""), fractions
-    left = _span([r["ratio"] for r in unchanged.values()])
-    assert f"whose plan did not change: {left}" in notes and f"left alone {left}" in recorded
     pairs = [r["ratio"] for k, r in run1.items()
              if "same plan" not in k and r["tiles"]["rule"].startswith("2 x 8")]
     assert len(pairs) == 10
@@ -699,12 +721,7 @@ def test_qk_few_k_gathered_recording_is_quoted_as_recorded():
     256 B (_run1.json) in the notes, recorded_results and the kernel file."""
     from rope_kernels import rope_qk
 
-    record = json.loads((FIGURES / "qk_few_k_gathered_h200.json").read_text())["shapes"]
-    run1 = json.loads((FIGURES / "qk_few_k_gathered_h200_run1.json").read_text())["shapes"]
-    assert {k.split(": ")[1].split(" (")[0] for k in record} == {"cache out of place",
-                                                                "cache backward"}
-    changed = {k: r for k, r in record.items() if "same plan" not in k}
-    unchanged = {k: r for k, r in record.items() if "same plan" in k}
+    record, run1, changed, unchanged = _qk_cache_record("qk_few_k_gathered_h200")
     for key, row in record.items():
         head_dim, heads, k_heads = map(int, re.match(r"hd(\d+) (\d+)q/(\d+)k ", key).groups())
         fp32 = " fp32 " in key
@@ -717,7 +734,7 @@ def test_qk_few_k_gathered_recording_is_quoted_as_recorded():
             assert row["tiles"]["rule"].startswith("8 x 4 on 2,"), (key, row["tiles"])
         assert row["max_abs_difference"] == 0, key
     marker = "`figures/qk_few_k_gathered_h200.json`: H200"
-    section, table = _qk_notes_section("qk_few_k_gathered_h200.json")
+    _, table = _qk_notes_section("qk_few_k_gathered_h200.json")
     shapes = {k.split(": ")[0] for k in record}
     for shape in shapes:
         out, back = (_qk_record_row(record, shape, m)
@@ -729,26 +746,16 @@ def test_qk_few_k_gathered_recording_is_quoted_as_recorded():
             f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
     assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
 
-    readme, notes, source, ratios, median = _qk_record_texts(section, changed)
-    assert (f"The {len(changed)} calls the rule changed: **{_span(ratios)} times the speed "
-            f"before** (median {median})") in notes
-    assert f"{len(changed)} calls at {_span(ratios)} times the speed of 5a683c8's (median " \
-        f"{median})" in readme
-    assert f"{_span(ratios)} at the {len(changed)} calls changed (median {median})" in source
-    recorded = " ".join((ROOT / "docs" / "recorded_results.md").read_text().split())
-    assert f"the {len(changed)} calls the rule changed {_span(ratios)} times the speed before " \
-        f"(median {median})" in recorded
-    chosen = {cells[0].split(" (")[0] for cells in table_after(marker, NOTES)
-              if cells[0].endswith(("(chosen on)", "(control)"))}
-    held = [r["ratio"] for k, r in changed.items() if k.split(": ")[0] not in chosen]
+    notes, readme, source, recorded, held = _qk_rule_record_quoted(
+        "qk_few_k_gathered_h200.json", changed, unchanged, "5a683c8")
+    ratios = [r["ratio"] for r in changed.values()]
+    assert (f"{_span(ratios)} at the {len(changed)} calls changed (median "
+            f"{statistics.median(ratios):.3f})") in source
     assert len(held) == 16 and (f"the 16 of the eight held-out shapes whose plan changed "
                                 f"{_span(held)} (median {statistics.median(held):.3f})") in notes
     fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
-                 f"**{_span([r['rule'] for r in changed.values()])}**")
-    for text in (notes, readme, recorded, source):
-        assert fractions.replace("**", "") in text.replace("**", ""), fractions
-    left = _span([r["ratio"] for r in unchanged.values()])
-    assert f"whose plan did not change: {left}" in notes and f"left alone {left}" in recorded
+                 f"{_span([r['rule'] for r in changed.values()])}")
+    assert fractions in source, fractions
     lost = [r for k, r in run1.items() if k.startswith("hd128 8q/2k rot24 batch 32")]
     assert [r["ratio"] < 1 for r in lost] == [True, True]
     quoted = f"{lost[0]['ratio']:.3f} / {lost[1]['ratio']:.3f}"

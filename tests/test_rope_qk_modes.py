@@ -51,6 +51,37 @@ def _backward_cache(cache: torch.Tensor) -> torch.Tensor:
     return torch.cat((cache[:, :half], -cache[:, half:]), -1)
 
 
+def _cache_switched(monkeypatch, switch, shape, dtype, backward, seed):
+    """The cache's half-split call at ``shape`` (tokens, q_heads, k_heads, head_size,
+    rotary_dim), positions in any order, forward or backward, into NaN-poisoned outputs, with
+    rope_qk's module switch ``switch`` on, then off: asserts the results are the same bits
+    either way and match the float64 reference (tolerances of ``dtype``). Returns the plan
+    either way, keyed by the switch."""
+    tokens, q_heads, k_heads, head_size, rotary_dim = shape
+    cache = make_cache(64, rotary_dim)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
+    query = randn((tokens, q_heads * head_size), dtype, seed)
+    key = randn((tokens, k_heads * head_size), dtype, seed + 1)
+    results, plans = {}, {}
+    for flag in (True, False):
+        monkeypatch.setattr(rope_qk, switch, flag)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        q_out = torch.full_like(query, float("nan"))
+        k_out = torch.full_like(key, float("nan"))
+        rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, True,
+                                   query_out=q_out, key_out=k_out, backward=backward)
+        (plans[flag],) = rope_qk._PLANS.values()
+        results[flag] = q_out, k_out
+    for got, before in zip(results[True], results[False]):
+        assert torch.equal(got, before)
+    ref_cache = _backward_cache(cache) if backward else cache
+    for got, x, name in zip(results[True], (query, key), ("query", "key")):
+        assert_rope_close(got, cache_reference(positions, x, head_size, ref_cache, True),
+                          dtype, name)
+    return plans
+
+
 @pytest.mark.parametrize("is_neox,words", PAIRINGS,
                          ids=["half-split", "interleaved-words", "interleaved-split"])
 @pytest.mark.parametrize("backward", [False, True])
@@ -925,36 +956,17 @@ def test_few_k_head_gathered_blocks_results(shape, backward, seed, monkeypatch):
     NaN-poisoned outputs: with ``FEW_K_HEAD_GATHERED_BLOCKS`` blocks of 4 q heads and k's own
     (``BLOCK_HK``), without it q's blocks cut to k's head count; the same bits either way, and
     the float64 reference's values."""
-    tokens, q_heads, k_heads, head_size, rotary_dim = shape
     config = rope_qk.default_config
     monkeypatch.setattr(rope_qk, "default_config",
                         lambda *args: config(*args[:5], True, *args[6:]))
-    cache = make_cache(64, rotary_dim)
-    g = torch.Generator().manual_seed(seed)
-    positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
-    query = randn((tokens, q_heads * head_size), torch.bfloat16, seed)
-    key = randn((tokens, k_heads * head_size), torch.bfloat16, seed + 1)
-    k_block = 1 << (k_heads - 1).bit_length()
-    results = {}
-    for flag in (True, False):
-        monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", flag)
-        monkeypatch.setattr(rope_qk, "_PLANS", {})
-        q_out = torch.full_like(query, float("nan"))
-        k_out = torch.full_like(key, float("nan"))
-        rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, True,
-                                   query_out=q_out, key_out=k_out, backward=backward)
-        (plan,) = rope_qk._PLANS.values()
+    plans = _cache_switched(monkeypatch, "FEW_K_HEAD_GATHERED_BLOCKS", shape, torch.bfloat16,
+                            backward, seed)
+    k_block = 1 << (shape[2] - 1).bit_length()
+    for flag, plan in plans.items():
         c = plan.constexprs
         assert c["GATHER"] and plan.num_warps == 2, c
         want = (8, 4, k_block) if flag else (c["BLOCK_S"], k_block, k_block)
         assert (c["BLOCK_S"], c["BLOCK_H"], c["BLOCK_HK"]) == want, (flag, c)
-        results[flag] = q_out, k_out
-    for got, before in zip(results[True], results[False]):
-        assert torch.equal(got, before)
-    ref_cache = _backward_cache(cache) if backward else cache
-    for got, x, name in zip(results[True], (query, key), ("query", "key")):
-        assert_rope_close(got, cache_reference(positions, x, head_size, ref_cache, True),
-                          torch.bfloat16, name)
 
 
 @pytest.mark.parametrize("case", list(MODEL_SHAPE_CASES), ids=lambda c: "-".join(map(str, c)))
@@ -1429,26 +1441,9 @@ def test_positions_first(block_s, num_warps, backward, seed, monkeypatch):
     monkeypatch.setattr(rope_qk, "default_config", lambda *args, **kwargs: dict(
         block_s=block_s, block_h=2, num_warps=num_warps, all_heads=False, whole_rows=True,
         gather=True))
-    cache = make_cache(64, rotary_dim)
-    g = torch.Generator().manual_seed(seed)
-    positions = torch.randint(0, 64, (tokens,), generator=g).to(DEVICE)
-    query = randn((tokens, q_heads * head_size), torch.float32, seed)
-    key = randn((tokens, k_heads * head_size), torch.float32, seed + 1)
-    results = {}
-    for flag in (True, False):
-        monkeypatch.setattr(rope_qk, "GATHERED_POSITIONS_FIRST", flag)
-        monkeypatch.setattr(rope_qk, "_PLANS", {})
-        q_out = torch.full_like(query, float("nan"))
-        k_out = torch.full_like(key, float("nan"))
-        rope_qk.rope_cos_sin_cache(positions, query, key, head_size, cache, True,
-                                   query_out=q_out, key_out=k_out, backward=backward)
-        (plan,) = rope_qk._PLANS.values()
+    plans = _cache_switched(monkeypatch, "GATHERED_POSITIONS_FIRST",
+                            (tokens, q_heads, k_heads, head_size, rotary_dim), torch.float32,
+                            backward, seed)
+    for flag, plan in plans.items():
         assert plan.constexprs["GATHER"] and plan.constexprs["X_FIRST"]
         assert plan.constexprs["POSITIONS_FIRST"] == (flag and num_warps > 1 and block_s >= 4)
-        results[flag] = q_out, k_out
-    for got, before in zip(results[True], results[False]):
-        assert torch.equal(got, before)
-    ref_cache = _backward_cache(cache) if backward else cache
-    for got, x, name in zip(results[True], (query, key), ("query", "key")):
-        assert_rope_close(got, cache_reference(positions, x, head_size, ref_cache, True),
-                          torch.float32, name)
