@@ -543,6 +543,24 @@ def _qk_rule_record_quoted(figure: str, changed: dict, unchanged: dict, before: 
     return notes, readme, source, recorded, held
 
 
+def _qk_cache_table_matches(record: dict, figure: str, lead_cells):
+    """The notes' table of a cache-only q+k record (``figure``) has one row a shape: its first
+    cells ``lead_cells(out)`` (``out``: the out-of-place call's row), then the out-of-place and
+    backward fractions, ``before -> after`` where the call's plan changed, ``before / after``
+    where it did not."""
+    marker = f"`figures/{figure}`: H200"
+    _, table = _qk_notes_section(figure)
+    shapes = {k.split(": ")[0] for k in record}
+    for shape in shapes:
+        out, back = (_qk_record_row(record, shape, m)
+                     for m in ("cache out of place", "cache backward"))
+        arrow = " / " if out["tiles"]["rule"] == out["tiles"]["before"] else " -> "
+        assert table[shape][1:] == [
+            *lead_cells(out), f"{out['before']:.3f}{arrow}{out['rule']:.3f}",
+            f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
+    assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
+
+
 def test_qk_gathered_one_warp_recording_is_quoted_as_recorded():
     """figures/qk_gathered_one_warp_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
     0ba0055): the q+k kernel's gathered rows on GATHERED_ONE_WARP_TILES. Every changed call on 1
@@ -679,19 +697,9 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
         assert ("POSITIONS_FIRST True" in rule) == takes == (key in changed), (key, rule)
         assert rule.replace(", POSITIONS_FIRST True", "") == before, key
         assert row["max_abs_difference"] == 0, key
-    marker = "`figures/qk_positions_first_h200.json`: H200"
-    _, table = _qk_notes_section("qk_positions_first_h200.json")
-    shapes = {k.split(": ")[0] for k in record}
-    for shape in shapes:
-        out, back = (_qk_record_row(record, shape, m)
-                     for m in ("cache out of place", "cache backward"))
-        taken = "POSITIONS_FIRST True" in out["tiles"]["rule"]
-        arrow = " -> " if taken else " / "
-        assert table[shape][1:] == [
-            out["tiles"]["rule"].split(", loads")[0], "yes" if taken else "no",
-            f"{out['before']:.3f}{arrow}{out['rule']:.3f}",
-            f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
-    assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
+    _qk_cache_table_matches(record, "qk_positions_first_h200.json", lambda out: [
+        out["tiles"]["rule"].split(", loads")[0],
+        "yes" if "POSITIONS_FIRST True" in out["tiles"]["rule"] else "no"])
 
     notes, readme, source, recorded, held = _qk_rule_record_quoted(
         "qk_positions_first_h200.json", changed, unchanged, "f999b0f")
@@ -709,12 +717,12 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
     assert not rope_qk._positions_first(True, True, False, 1, 16)
 
 
-def test_qk_few_k_gathered_recording_is_quoted_as_recorded():
+def test_qk_few_k_gathered_recording_is_quoted_as_recorded(monkeypatch):
     """figures/qk_few_k_gathered_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
     5a683c8 --modes "cache out of place,cache backward"): the cache's gathered calls with few k
     heads on k's own blocks. Only the cache's calls were timed; the changed ones are exactly the
-    16-bit calls ``FEW_K_HEAD_GATHERED_BLOCKS`` covers (per the rule today), each now 8 tokens x 4
-    q heads on 2 warps, with the same bits; the notes' table has every shape's tiles and
+    calls whose ``_gathered_tile`` ``FEW_K_HEAD_GATHERED_BLOCKS`` changes today, each now 8
+    tokens x 4 q heads on 2 warps, with the same bits; the notes' table has every shape's tiles and
     fractions both ways; the changed calls' range and median, the held-out ones', the fractions
     before and after and the unchanged calls' range in the notes (range, median and fractions
     also in the README, recorded_results and the kernel file); the first run's call at rows of
@@ -724,27 +732,17 @@ def test_qk_few_k_gathered_recording_is_quoted_as_recorded():
     record, run1, changed, unchanged = _qk_cache_record("qk_few_k_gathered_h200")
     for key, row in record.items():
         head_dim, heads, k_heads = map(int, re.match(r"hd(\d+) (\d+)q/(\d+)k ", key).groups())
-        fp32 = " fp32 " in key
-        row_bytes = head_dim * (4 if fp32 else 2)
-        covered = (not fp32 and 160 <= row_bytes <= 320
-                   and row_bytes & (row_bytes - 1) != 0 and 4 <= heads < 16
-                   and rope_qk._next_pow2(k_heads) < min(8, rope_qk._next_pow2(heads)))
+        call = (4096, heads, k_heads, head_dim, 4 if " fp32 " in key else 2, True, False)
+        tile = rope_qk._gathered_tile(*call)
+        monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", False)
+        covered = rope_qk._gathered_tile(*call) != tile  # the rule's tile, as the package plans
+        monkeypatch.undo()
         assert (key in changed) == covered, key
         if covered:
             assert row["tiles"]["rule"].startswith("8 x 4 on 2,"), (key, row["tiles"])
         assert row["max_abs_difference"] == 0, key
-    marker = "`figures/qk_few_k_gathered_h200.json`: H200"
-    _, table = _qk_notes_section("qk_few_k_gathered_h200.json")
-    shapes = {k.split(": ")[0] for k in record}
-    for shape in shapes:
-        out, back = (_qk_record_row(record, shape, m)
-                     for m in ("cache out of place", "cache backward"))
-        arrow = " / " if out["tiles"]["rule"] == out["tiles"]["before"] else " -> "
-        assert table[shape][1:] == [
-            _qk_tiles(out).removesuffix(" (unchanged)"),
-            f"{out['before']:.3f}{arrow}{out['rule']:.3f}",
-            f"{back['before']:.3f}{arrow}{back['rule']:.3f}"], (shape, table[shape])
-    assert len(table_after(marker, NOTES)) == len(shapes)  # one row each
+    _qk_cache_table_matches(record, "qk_few_k_gathered_h200.json",
+                            lambda out: [_qk_tiles(out).removesuffix(" (unchanged)")])
 
     notes, readme, source, recorded, held = _qk_rule_record_quoted(
         "qk_few_k_gathered_h200.json", changed, unchanged, "5a683c8")
