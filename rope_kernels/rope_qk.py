@@ -957,6 +957,20 @@ GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}
 # (figures/qk_few_k_gathered_h200.json, H200, 5 shuffled rounds, 19 shapes, 8 held out): 1.000-1.380
 # at the 30 calls changed (median 1.043), 0.628-0.928 -> 0.818-0.943 of copy, the same bits.
 FEW_K_HEAD_GATHERED_BLOCKS = True
+# The same for Hugging Face's calls (results transposed against the inputs) with 1 or 2 k heads, in
+# 16-bit at rows of 160-320 B but 256: (largest row in bytes, k heads, (tokens, q heads, warps)), k's
+# blocks of its own heads. Before, q's block was cut to k's head count: 8 tokens x 1 head on 1 warp
+# with 1 k head from 8 q heads (16 x 1 on 2 below 8). Two probes (H200, 3 shuffled rounds, not
+# recorded; 23 shapes of 4-32 q heads, 6-7 tiles each, forward and backward alike), forward:
+# 1 k head, 160-192 B: 8 x 4 on 2 warps, 8 q / 1 k at 20 of 80 0.821 -> 0.927, 16 q 0.824 -> 0.944,
+# at 24 of 96 4 q 0.889 -> 0.953; 224 B: 4 x 2 on 1, 4 q 0.885 -> 0.949, 16 q 0.881 -> 0.945
+# (16 x 2 on 2 0.936-0.938 there, 8 x 4 0.844-0.873); 320 B: 2 x 4 on 1, 0.753-0.764 -> 0.876-0.916.
+# 2 k heads, 160 B: 4 x 4 on 2, 8 q 0.929 -> 0.946, 4 q 0.863 -> 0.925 (8 x 4 0.951); 320 B:
+# 4 x 2 on 1, 0.930-0.940 -> 0.951-0.965; 192-224 B: level with the tile before (4 x 2 on 1 from 8
+# q heads, which the entry keeps). Where q's heads are not a multiple of its block, the block is
+# halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824).
+FEW_K_TRANSPOSED_TILES = ((192, 1, (8, 4, 2)), (224, 1, (4, 2, 1)), (320, 1, (2, 4, 1)),
+                          (160, 2, (4, 4, 2)), (320, 2, (4, 2, 1)))
 
 
 def _x_first(has_positions: bool, interleaved: bool, narrowed: bool) -> bool:
@@ -1045,7 +1059,10 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     4 tokens x 4 heads (``TRANSPOSED_TILE``); in 16-bit at rows of 160-320 B (not 256) where k's
     heads are fewer than q's block would take (``FEW_K_HEAD_GATHERED_BLOCKS``), 8 tokens x 4 q heads
     with k's blocks of its own heads; else 32 rows of up to 192 B (4 tokens x 8 heads), 16 of more
-    (2 x 8), q's blocks cut to k's head count. In the probe of ``_gathered_partners`` (11 tiles of
+    (2 x 8), q's blocks cut to k's head count. Transposed results in 16-bit with 1 or 2 k heads
+    and 4 q heads or more, at rows of 160-320 B (not 256), take ``FEW_K_TRANSPOSED_TILES``' tile
+    by row size, k's blocks of its own heads and q's block halved (tokens doubled) until it
+    divides q's heads. In the probe of ``_gathered_partners`` (11 tiles of
     1-8 tokens x 4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within
     3.0 points of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on
     4 x 8 on 4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8,
@@ -1075,6 +1092,16 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
         return dict(block_s=min(_next_pow2(max(1, seq_len)), 8), block_h=4,
                     block_hk=_next_pow2(k_heads), num_warps=2, all_heads=False,
                     whole_rows=True, gather=True)
+    few_k = _few_k_transposed_tile(row_bytes, element_size, q_heads, k_heads, transposed)
+    if few_k is not None:
+        tokens, block_h, warps = few_k
+        while q_heads % block_h:  # no masked heads in q's blocks
+            tokens, block_h = tokens * 2, block_h // 2
+        cfg = dict(block_s=min(_next_pow2(max(1, seq_len)), tokens), block_h=block_h,
+                   num_warps=warps, all_heads=False, whole_rows=True, gather=True)
+        if _next_pow2(k_heads) != block_h:
+            cfg["block_hk"] = _next_pow2(k_heads)
+        return cfg
     if one_warp is not None and not transposed:
         # q's heads first, k's blocks the same size (the probe's tiles)
         rows, block_h = one_warp, min(one_warp, _next_pow2(max(1, q_heads)))
@@ -1088,6 +1115,19 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     return dict(block_s=min(_next_pow2(max(1, seq_len)), rows // block_h), block_h=block_h,
                 num_warps=1 if one_warp is not None else 2, all_heads=False, whole_rows=True,
                 gather=True)
+
+
+def _few_k_transposed_tile(row_bytes: int, element_size: int, q_heads: int, k_heads: int,
+                           transposed: bool):
+    """``FEW_K_TRANSPOSED_TILES``' (tokens, q heads, warps) for a gathered call out of place with
+    transposed results (Hugging Face's), or None."""
+    if (not transposed or element_size != 2 or q_heads < 4 or not 160 <= row_bytes <= 320
+            or not row_bytes & (row_bytes - 1)):
+        return None
+    for largest, k_count, tile in FEW_K_TRANSPOSED_TILES:
+        if k_heads == k_count and row_bytes <= largest:
+            return tile
+    return None
 
 
 def _gathered_one_warp(row_bytes: int, element_size: int, q_heads: int, k_heads: int,

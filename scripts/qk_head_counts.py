@@ -19,6 +19,8 @@
         --modes "cache out of place,cache backward" [--out figures/qk_positions_first_h200.json]
     python scripts/qk_head_counts.py --before /tmp/rope_qk_5a683c8.py --only SHAPE,... \
         --modes "cache out of place,cache backward" [--out figures/qk_few_k_gathered_h200.json]
+    python scripts/qk_head_counts.py --before /tmp/rope_qk_cae2b94.py --only SHAPE,... \
+        --modes "hf,hf backward" [--out figures/qk_few_k_transposed_h200.json]
 
 The q+k tile rules were measured at head counts that are powers of two (the benchmark's 32 q / 8
 k, 16 / 4, 32 / 32, 64 / 8). Models bring others: NanoChat's 10 / 10, Qwen2.5's 14 / 2, 28 / 4
@@ -44,7 +46,9 @@ after which the rule took tiles of 4 tokens or more, recorded with six shapes he
 heads, 8 tokens x 4 q heads with k's blocks of its own heads (``FEW_K_HEAD_GATHERED_BLOCKS``),
 against 5a683c8, with six shapes held out: its first run (``..._run1.json``, code of 982f601) had
 rows of 256 B (held out) behind, after which those kept their tile, recorded with two more shapes
-held out (``figures/qk_few_k_gathered_h200.json``).
+held out (``figures/qk_few_k_gathered_h200.json``). The ninth takes Hugging Face's gathered calls
+with 1 or 2 k heads on tiles of their own by row size, k's blocks of its own heads
+(``FEW_K_TRANSPOSED_TILES``), against cae2b94, with eleven shapes held out.
 
 Both sides are ``rope_kernels/rope_qk.py``: as imported, and a second copy loaded as its own module
 with ``HEAD_COUNT_TILES = False`` (``--before PATH``: the rope_qk.py at PATH instead, an earlier
@@ -201,6 +205,44 @@ SHAPES = {
                                        batch=64),
     "hd160 8q/1k rot40 batch 32": dict(heads=8, k_heads=1, head_dim=160, rotary_percent=0.25,
                                        batch=32),
+    # the ninth: Hugging Face's gathered calls with 1 or 2 k heads (FEW_K_TRANSPOSED_TILES): the
+    # probes' shapes above and these seven; held out: the eleven after them
+    "hd80 16q/1k rot20 batch 32": dict(heads=16, k_heads=1, head_dim=80, rotary_percent=0.25,
+                                       batch=32),
+    "hd80 32q/2k rot20 batch 16": dict(heads=32, k_heads=2, head_dim=80, rotary_percent=0.25,
+                                       batch=16),
+    "hd96 4q/1k rot24 batch 128": dict(heads=4, k_heads=1, head_dim=96, rotary_percent=0.25,
+                                       batch=128),
+    "hd112 4q/1k rot28 batch 128": dict(heads=4, k_heads=1, head_dim=112, rotary_percent=0.25,
+                                        batch=128),
+    "hd160 16q/2k rot40 batch 16": dict(heads=16, k_heads=2, head_dim=160, rotary_percent=0.25,
+                                        batch=16),
+    "hd80 6q/1k rot20 batch 64": dict(heads=6, k_heads=1, head_dim=80, rotary_percent=0.25,
+                                      batch=64),
+    "hd160 12q/1k rot40 batch 32": dict(heads=12, k_heads=1, head_dim=160, rotary_percent=0.25,
+                                        batch=32),
+    "hd80 12q/1k rot20 batch 32": dict(heads=12, k_heads=1, head_dim=80, rotary_percent=0.25,
+                                       batch=32),
+    "hd96 6q/1k rot24 batch 64": dict(heads=6, k_heads=1, head_dim=96, rotary_percent=0.25,
+                                      batch=64),
+    "hd112 6q/2k rot28 batch 64": dict(heads=6, k_heads=2, head_dim=112, rotary_percent=0.25,
+                                       batch=64),
+    "hd112 32q/1k rot28 batch 16": dict(heads=32, k_heads=1, head_dim=112, rotary_percent=0.25,
+                                        batch=16),
+    "hd160 6q/1k rot40 batch 32": dict(heads=6, k_heads=1, head_dim=160, rotary_percent=0.25,
+                                       batch=32),
+    "hd144 8q/1k rot36 batch 32": dict(heads=8, k_heads=1, head_dim=144, rotary_percent=0.25,
+                                       batch=32),
+    "hd80 8q/1k rot20 fp16 batch 64": dict(heads=8, k_heads=1, head_dim=80, rotary_percent=0.25,
+                                           dtype="fp16", batch=64),
+    "hd96 4q/2k rot24 batch 64": dict(heads=4, k_heads=2, head_dim=96, rotary_percent=0.25,
+                                      batch=64),
+    "hd80 16q/2k rot20 batch 32": dict(heads=16, k_heads=2, head_dim=80, rotary_percent=0.25,
+                                       batch=32),
+    "hd160 32q/1k rot40 batch 8": dict(heads=32, k_heads=1, head_dim=160, rotary_percent=0.25,
+                                       batch=8),
+    "hd96 8q/1k rot24 batch 16": dict(heads=8, k_heads=1, head_dim=96, rotary_percent=0.25,
+                                      batch=16),
     # the rule leaves these alone (the benchmark's and others)
     "32q/8k": {}, "16q/4k": dict(heads=16, k_heads=4), "16q/16k": dict(heads=16, k_heads=16),
     "12q/2k": dict(heads=12, k_heads=2), "hd64 32q/8k": dict(head_dim=64),

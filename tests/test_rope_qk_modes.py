@@ -172,14 +172,17 @@ def _both_ways(run, q, k):
     return (q_out, k_out, q_in, k_in), out_plan, in_plan
 
 
-def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows, dtype=torch.float32):
-    """``_both_ways`` with rope_qk's module switch ``switch`` on, then off: asserts that the
-    four results are the same bits either way and that those with it on match the float64
-    references ``want`` (through ``rows``; tolerances of ``dtype``). Returns the results and
-    the plans (out of place, in place) with it on and with it off, keyed by the switch."""
-    results, plans = {}, {}
+def _switch_both_ways(monkeypatch, switch, run, q, k, want, rows, dtype=torch.float32,
+                      off=False):
+    """``_both_ways`` with rope_qk's module switch ``switch`` on (True; a table as it is), then
+    off (set to ``off``: False, or an empty table): asserts that the four results are the same bits either
+    way and that those with it on match the float64 references ``want`` (through ``rows``;
+    tolerances of ``dtype``). Returns the results and the plans (out of place, in place) with it
+    on and with it off, keyed by True and False."""
+    on = True if off is False else getattr(rope_qk, switch)
+    results, plans, values = {}, {}, {True: on, False: off}
     for flag in (True, False):
-        monkeypatch.setattr(rope_qk, switch, flag)
+        monkeypatch.setattr(rope_qk, switch, values[flag])
         monkeypatch.setattr(rope_qk, "_PLANS", {})
         results[flag], *plans[flag] = _both_ways(run, q, k)
     for got, before, name in zip(results[True], results[False], BOTH_WAYS):
@@ -787,7 +790,7 @@ MODEL_SHAPE_CASES = {
     ("GATHERED_PARTNERS", "cache", 64, 64, 96, 24): _gathered(1, 16, 1),
     ("GATHERED_PARTNERS", "cache", 32, 8, 128, 24): _gathered(1, 8, 1),
     ("GATHERED_PARTNERS", "cache", 32, 8, 160, 40): _gathered(1, 8, 1),
-    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(8, 2),
+    ("GATHERED_PARTNERS", "hf", 32, 2, 160, 40): _gathered(4, 2, 1),  # FEW_K_TRANSPOSED_TILES
     ("GATHERED_PARTNERS", "hf", 8, 8, 80, 20): _gathered(2, 4, 1),
     ("GATHERED_PARTNERS", "hf", 32, 8, 160, 40): _gathered(4, 4, 1),
     ("GATHERED_PARTNERS", "hf", 4, 4, 80, 20): _gathered(4, 4),
@@ -881,8 +884,9 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
     (figures/qk_gathered_one_warp_h200.json, figures/qk_transposed_one_warp_h200.json); the
     cache's calls with 8 q heads, transposed ones with 4 (or at 320 B with fewer than 4 k heads),
     float32, rows past the table's (384 B) and the table emptied the 2-warp tiles before; in place
-    the narrowed heads' 4 x 4 on 2 warps."""
+    the narrowed heads' 4 x 4 on 2 warps. (``FEW_K_TRANSPOSED_TILES`` emptied: its own test.)"""
     tile = rope_qk._gathered_tile
+    monkeypatch.setattr(rope_qk, "FEW_K_TRANSPOSED_TILES", ())
     for q, k, head_dim, transposed, want in (
             (32, 32, 80, False, (1, 16, 1)), (32, 8, 80, False, (1, 16, 1)),
             (64, 64, 96, False, (1, 16, 1)), (16, 16, 112, False, (1, 8, 1)),
@@ -899,9 +903,9 @@ def test_gathered_tiles_on_one_warp(monkeypatch):
         assert tile(4096, q, k, head_dim, 2, True, transposed, True)["num_warps"] == 2
         two_warps = tile(4096, q, k, head_dim // 2, 4, True, transposed)  # the same row bytes
         assert two_warps["num_warps"] == 2, (q, k, head_dim, transposed, two_warps)
-        monkeypatch.setattr(rope_qk, "GATHERED_ONE_WARP_TILES", {"cache": (), "transposed": ()})
-        assert tile(4096, q, k, head_dim, 2, True, transposed)["num_warps"] == 2
-        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(rope_qk, "GATHERED_ONE_WARP_TILES", {"cache": (), "transposed": ()})
+            assert tile(4096, q, k, head_dim, 2, True, transposed)["num_warps"] == 2
     # fewer tokens than the tile: its tokens shrink to their next power of two
     assert tile(1, 32, 32, 80, 2, True, True)["block_s"] == 1
 
@@ -967,6 +971,101 @@ def test_few_k_head_gathered_blocks_results(shape, backward, seed, monkeypatch):
         assert c["GATHER"] and plan.num_warps == 2, c
         want = (8, 4, k_block) if flag else (c["BLOCK_S"], k_block, k_block)
         assert (c["BLOCK_S"], c["BLOCK_H"], c["BLOCK_HK"]) == want, (flag, c)
+
+
+def test_few_k_transposed_tiles(monkeypatch):
+    """``FEW_K_TRANSPOSED_TILES``: Hugging Face's gathered calls out of place (results transposed)
+    on a GPU in 16-bit with 1 or 2 k heads and 4 q heads or more, at rows of 160-320 B but 256 B,
+    take the entry for their row size and k's head count, k's blocks of k's own heads, and q's
+    block halved (its tokens doubled) until it divides q's heads; emptied, q's blocks are cut to
+    k's head count as before. Float32, the cache's calls, in place, rows of 128, 256 or 384 B, 2
+    q heads, 3 k heads or more and the interpreter keep the tile they had."""
+    tile = rope_qk._gathered_tile
+
+    def few_k(block_s, block_h, warps, block_hk):
+        cfg = _gathered(block_s, block_h, warps)
+        return cfg if block_hk == block_h else dict(cfg, block_hk=block_hk)
+
+    for q, k, head_dim, want, before in (
+            (8, 1, 80, few_k(8, 4, 2, 1), _gathered(8, 1, 1)),  # 160 B
+            (4, 1, 96, few_k(8, 4, 2, 1), _gathered(16, 1)),  # 192 B
+            (6, 1, 80, few_k(16, 2, 2, 1), _gathered(16, 1)),  # 6 q heads: blocks of 2
+            (16, 1, 112, few_k(4, 2, 1, 1), _gathered(8, 1, 1)),  # 224 B
+            (12, 1, 160, few_k(2, 4, 1, 1), _gathered(16, 1)),  # 320 B
+            (6, 1, 160, few_k(4, 2, 1, 1), _gathered(16, 1)),
+            (8, 1, 144, few_k(2, 4, 1, 1), _gathered(16, 1)),  # 288 B
+            (8, 2, 80, few_k(4, 4, 2, 2), _gathered(4, 2, 1)),
+            (4, 2, 96, few_k(4, 2, 1, 2), _gathered(8, 2)),
+            (32, 2, 160, few_k(4, 2, 1, 2), _gathered(8, 2))):
+        assert tile(4096, q, k, head_dim, 2, True, True) == want, (q, k, head_dim)
+        assert tile(3, q, k, head_dim, 2, True, True)["block_s"] == min(4, want["block_s"])
+        with monkeypatch.context() as patch:
+            patch.setattr(rope_qk, "FEW_K_TRANSPOSED_TILES", ())
+            assert tile(4096, q, k, head_dim, 2, True, True) == before, (q, k, head_dim)
+    for args in ((4096, 8, 1, 40, 4, True, True),  # float32: 160 B rows
+                 (4096, 8, 1, 80, 2, True, False),  # the cache's call (results not transposed)
+                 (4096, 8, 1, 80, 2, True, True, True),  # in place, the heads narrowed
+                 (4096, 8, 1, 64, 2, True, True),  # 128 B rows
+                 (4096, 8, 1, 128, 2, True, True),  # 256 B rows: a power of two
+                 (4096, 8, 1, 192, 2, True, True),  # 384 B rows
+                 (4096, 2, 1, 80, 2, True, True),  # 2 q heads
+                 (4096, 12, 3, 80, 2, True, True), (4096, 8, 8, 80, 2, True, True),
+                 (4096, 8, 2, 112, 2, True, True),  # 224 B, 2 k heads: the same tile as before
+                 (4096, 8, 1, 80, 2, False, True)):  # the interpreter
+        on = tile(*args)
+        with monkeypatch.context() as patch:
+            patch.setattr(rope_qk, "FEW_K_TRANSPOSED_TILES", ())
+            assert tile(*args) == on, args
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("shape", [(11, 8, 1, 80, 20), (9, 6, 1, 160, 40), (10, 8, 2, 80, 20),
+                                   (7, 4, 2, 160, 40)],
+                         ids=lambda s: "{}t-{}q-{}k-{}of{}".format(*s[:3], s[4], s[3]))
+def test_few_k_transposed_tiles_results(shape, backward, seed, monkeypatch):
+    """Hugging Face's call in bf16 as its function makes it, q and k ``[b, h, s, d]`` views of
+    ``[b, s, h, d]`` projections and results contiguous (transposed against them), with the
+    GPU's plan (``default_config`` told it runs on a GPU, in the interpreter too) at 1 or 2 k
+    heads, forward and backward (sin negated), into NaN-poisoned outputs: with
+    ``FEW_K_TRANSPOSED_TILES`` the entry's tile with k's blocks of its own heads (``BLOCK_HK``),
+    emptied q's blocks cut to k's head count; the same bits either way, and the float64
+    reference's values."""
+    tokens, q_heads, k_heads, head_dim, rotary_dim = shape
+    config = rope_qk.default_config
+    monkeypatch.setattr(rope_qk, "default_config",
+                        lambda *args: config(*args[:5], True, *args[6:]))
+    dtype = torch.bfloat16
+    q = randn((1, tokens, q_heads, head_dim), dtype, seed).transpose(1, 2)
+    k = randn((1, tokens, k_heads, head_dim), dtype, seed + 1).transpose(1, 2)
+    angles = torch.rand((1, tokens, rotary_dim // 2),
+                        generator=torch.Generator().manual_seed(seed)) * 6.3
+    emb = torch.cat((angles, angles), -1).to(DEVICE)
+    cos, sin = emb.cos(), emb.sin()
+    tile = rope_qk._few_k_transposed_tile(2 * head_dim, 2, q_heads, k_heads, True)
+    results, plans = {}, {}
+    for flag, table in ((True, rope_qk.FEW_K_TRANSPOSED_TILES), (False, ())):
+        monkeypatch.setattr(rope_qk, "FEW_K_TRANSPOSED_TILES", table)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        outs = [torch.full(x.shape, float("nan"), dtype=dtype, device=DEVICE) for x in (q, k)]
+        rope_qk.rope_cos_sin(q, k, cos, sin, 1, backward=backward, q_out=outs[0],
+                             k_out=outs[1])
+        (plans[flag],) = rope_qk._PLANS.values()
+        results[flag] = outs
+    for got, before in zip(results[True], results[False]):
+        assert torch.equal(got, before)
+    for got, x, name in zip(results[True], (q, k), ("q", "k")):
+        assert_rope_close(got, hf_reference(x, cos, -sin if backward else sin), dtype, name)
+    tokens_a_block, block_h, warps = tile
+    while q_heads % block_h:
+        tokens_a_block, block_h = tokens_a_block * 2, block_h // 2
+    k_block = 1 << (k_heads - 1).bit_length()
+    for flag, plan in plans.items():
+        c = plan.constexprs
+        got = (c["BLOCK_S"], c["BLOCK_H"], c["BLOCK_HK"], plan.num_warps)
+        assert c["GATHER"], c
+        want = ((min(tokens_a_block, 1 << (tokens - 1).bit_length()), block_h, k_block, warps)
+                if flag else (c["BLOCK_S"], k_block, k_block, got[3]))
+        assert got == want, (flag, got)
 
 
 @pytest.mark.parametrize("case", list(MODEL_SHAPE_CASES), ids=lambda c: "-".join(map(str, c)))
