@@ -968,7 +968,10 @@ FEW_K_HEAD_GATHERED_BLOCKS = True
 # 2 k heads, 160 B: 4 x 4 on 2, 8 q 0.929 -> 0.946, 4 q 0.863 -> 0.925 (8 x 4 0.951); 320 B:
 # 4 x 2 on 1, 0.930-0.940 -> 0.951-0.965; 192-224 B: level with the tile before (4 x 2 on 1 from 8
 # q heads, which the entry keeps). Where q's heads are not a multiple of its block, the block is
-# halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824).
+# halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824). Recorded
+# against cae2b94 (figures/qk_few_k_transposed_h200.json, H200, 5 shuffled rounds, 32 shapes, 11
+# held out): 1.005-1.245 at the 56 calls changed (median 1.085), 0.696-0.939 -> 0.826-0.964 of copy,
+# the same bits; the 8 calls left alone 0.999-1.003.
 FEW_K_TRANSPOSED_TILES = ((192, 1, (8, 4, 2)), (224, 1, (4, 2, 1)), (320, 1, (2, 4, 1)),
                           (160, 2, (4, 4, 2)), (320, 2, (4, 2, 1)))
 

@@ -501,21 +501,25 @@ def _qk_record_texts(notes_text: str, changed: dict):
     return flat(README), flat(notes_text), flat(source), ratios, f"{statistics.median(ratios):.3f}"
 
 
-def _qk_cache_record(name: str):
-    """A cache-only q+k record ``figures/<name>.json`` (``--modes "cache out of place,cache
-    backward"``, asserted) and its first run's (``<name>_run1.json``) shapes; and the record's
-    changed and unchanged (``same plan``) calls."""
+CACHE_MODES = ("cache out of place", "cache backward")
+
+
+def _qk_cache_record(name: str, modes=CACHE_MODES, first_run=True):
+    """A q+k record of two calls ``figures/<name>.json`` (``--modes``: the cache's out of place
+    and backward unless ``modes`` says, asserted) and its first run's (``<name>_run1.json``)
+    shapes, ``{}`` without ``first_run``; and the record's changed and unchanged (``same plan``)
+    calls."""
     record = json.loads((FIGURES / f"{name}.json").read_text())["shapes"]
-    run1 = json.loads((FIGURES / f"{name}_run1.json").read_text())["shapes"]
-    assert {k.split(": ")[1].split(" (")[0] for k in record} == {"cache out of place",
-                                                                "cache backward"}
+    run1 = (json.loads((FIGURES / f"{name}_run1.json").read_text())["shapes"] if first_run
+            else {})
+    assert {k.split(": ")[1].split(" (")[0] for k in record} == set(modes)
     changed = {k: r for k, r in record.items() if "same plan" not in k}
     unchanged = {k: r for k, r in record.items() if "same plan" in k}
     return record, run1, changed, unchanged
 
 
 def _qk_rule_record_quoted(figure: str, changed: dict, unchanged: dict, before: str):
-    """The quotes of a cache-only q+k record (``figure``, timed against the rope_qk.py of
+    """The quotes of a q+k record of two calls (``figure``, timed against the rope_qk.py of
     ``before``) that its notes section, the README and recorded_results share: the changed
     calls' range and median, their fractions before -> after, the unchanged calls' range.
     Returns the notes section, README, kernel source and recorded_results (whitespace runs as
@@ -543,17 +547,16 @@ def _qk_rule_record_quoted(figure: str, changed: dict, unchanged: dict, before: 
     return notes, readme, source, recorded, held
 
 
-def _qk_cache_table_matches(record: dict, figure: str, lead_cells):
-    """The notes' table of a cache-only q+k record (``figure``) has one row a shape: its first
-    cells ``lead_cells(out)`` (``out``: the out-of-place call's row), then the out-of-place and
-    backward fractions, ``before -> after`` where the call's plan changed, ``before / after``
-    where it did not."""
+def _qk_cache_table_matches(record: dict, figure: str, lead_cells, modes=CACHE_MODES):
+    """The notes' table of a q+k record of two calls (``figure``; ``modes``: the cache's out of
+    place and backward unless it says) has one row a shape: its first cells ``lead_cells(out)``
+    (``out``: the first call's row), then the two calls' fractions, ``before -> after`` where the
+    call's plan changed, ``before / after`` where it did not."""
     marker = f"`figures/{figure}`: H200"
     _, table = _qk_notes_section(figure)
     shapes = {k.split(": ")[0] for k in record}
     for shape in shapes:
-        out, back = (_qk_record_row(record, shape, m)
-                     for m in ("cache out of place", "cache backward"))
+        out, back = (_qk_record_row(record, shape, m) for m in modes)
         arrow = " / " if out["tiles"]["rule"] == out["tiles"]["before"] else " -> "
         assert table[shape][1:] == [
             *lead_cells(out), f"{out['before']:.3f}{arrow}{out['rule']:.3f}",
@@ -717,6 +720,44 @@ def test_qk_positions_first_recording_is_quoted_as_recorded():
     assert not rope_qk._positions_first(True, True, False, 1, 16)
 
 
+def _few_k_record_checked(monkeypatch, name: str, switch: str, off, transposed: bool, before: str,
+                          modes=CACHE_MODES, first_run=True):
+    """A few-k-head q+k record ``figures/<name>.json`` (``_qk_cache_record``'s arguments): the
+    changed calls are exactly those whose ``rope_qk._gathered_tile`` (``transposed`` results or
+    not) rope_qk's ``switch`` changes today against it set to ``off``, each on that tile, with the
+    same bits at every call; the notes' table matches the record (``_qk_cache_table_matches``)
+    and ``_qk_rule_record_quoted``'s quotes hold, the changed calls' range, median and fractions
+    in the kernel file too. Returns the notes section, kernel source, recorded_results, the
+    held-out calls' ratios and the first run's shapes."""
+    from rope_kernels import rope_qk
+
+    record, run1, changed, unchanged = _qk_cache_record(name, modes, first_run)
+    for key, row in record.items():
+        shape = re.match(r"(?:hd(\d+) )?(\d+)q/(\d+)k", key).groups()
+        head_dim, heads, k_heads = int(shape[0] or 128), int(shape[1]), int(shape[2])
+        call = (4096, heads, k_heads, head_dim, 4 if " fp32 " in key else 2, True, transposed)
+        tile = rope_qk._gathered_tile(*call)
+        with monkeypatch.context() as patch:
+            patch.setattr(rope_qk, switch, off)
+            covered = rope_qk._gathered_tile(*call) != tile  # the rule's tile, as planned
+        assert (key in changed) == covered, key
+        if covered:
+            want = f"{tile['block_s']} x {tile['block_h']} on {tile['num_warps']},"
+            assert row["tiles"]["rule"].startswith(want), (key, row["tiles"], want)
+        assert row["max_abs_difference"] == 0, key
+    figure = f"{name}.json"
+    _qk_cache_table_matches(record, figure,
+                            lambda out: [_qk_tiles(out).removesuffix(" (unchanged)")], modes)
+    notes, _, source, recorded, held = _qk_rule_record_quoted(figure, changed, unchanged, before)
+    ratios = [r["ratio"] for r in changed.values()]
+    assert (f"{_span(ratios)} at the {len(changed)} calls changed (median "
+            f"{statistics.median(ratios):.3f})") in source
+    fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
+                 f"{_span([r['rule'] for r in changed.values()])}")
+    assert fractions in source, fractions
+    return notes, source, recorded, held, run1
+
+
 def test_qk_few_k_gathered_recording_is_quoted_as_recorded(monkeypatch):
     """figures/qk_few_k_gathered_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
     5a683c8 --modes "cache out of place,cache backward"): the cache's gathered calls with few k
@@ -729,34 +770,38 @@ def test_qk_few_k_gathered_recording_is_quoted_as_recorded(monkeypatch):
     256 B (_run1.json) in the notes, recorded_results and the kernel file."""
     from rope_kernels import rope_qk
 
-    record, run1, changed, unchanged = _qk_cache_record("qk_few_k_gathered_h200")
-    for key, row in record.items():
-        head_dim, heads, k_heads = map(int, re.match(r"hd(\d+) (\d+)q/(\d+)k ", key).groups())
-        call = (4096, heads, k_heads, head_dim, 4 if " fp32 " in key else 2, True, False)
-        tile = rope_qk._gathered_tile(*call)
-        monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", False)
-        covered = rope_qk._gathered_tile(*call) != tile  # the rule's tile, as the package plans
-        monkeypatch.undo()
-        assert (key in changed) == covered, key
-        if covered:
-            assert row["tiles"]["rule"].startswith("8 x 4 on 2,"), (key, row["tiles"])
-        assert row["max_abs_difference"] == 0, key
-    _qk_cache_table_matches(record, "qk_few_k_gathered_h200.json",
-                            lambda out: [_qk_tiles(out).removesuffix(" (unchanged)")])
-
-    notes, readme, source, recorded, held = _qk_rule_record_quoted(
-        "qk_few_k_gathered_h200.json", changed, unchanged, "5a683c8")
-    ratios = [r["ratio"] for r in changed.values()]
-    assert (f"{_span(ratios)} at the {len(changed)} calls changed (median "
-            f"{statistics.median(ratios):.3f})") in source
+    notes, source, recorded, held, run1 = _few_k_record_checked(
+        monkeypatch, "qk_few_k_gathered_h200", "FEW_K_HEAD_GATHERED_BLOCKS", False, False,
+        "5a683c8")
     assert len(held) == 16 and (f"the 16 of the eight held-out shapes whose plan changed "
                                 f"{_span(held)} (median {statistics.median(held):.3f})") in notes
-    fractions = (f"{_span([r['before'] for r in changed.values()])} -> "
-                 f"{_span([r['rule'] for r in changed.values()])}")
-    assert fractions in source, fractions
     lost = [r for k, r in run1.items() if k.startswith("hd128 8q/2k rot24 batch 32")]
     assert [r["ratio"] < 1 for r in lost] == [True, True]
     quoted = f"{lost[0]['ratio']:.3f} / {lost[1]['ratio']:.3f}"
     for text in (notes, source, recorded):
         assert quoted in text, quoted
     assert rope_qk.FEW_K_HEAD_GATHERED_BLOCKS is True
+
+
+def test_qk_few_k_transposed_recording_is_quoted_as_recorded(monkeypatch):
+    """figures/qk_few_k_transposed_h200.json (scripts/qk_head_counts.py --before the rope_qk.py of
+    cae2b94 --modes "hf,hf backward"): Hugging Face's gathered calls with 1 or 2 k heads on tiles
+    by row size. Only Hugging Face's calls were timed; the changed ones are exactly the calls
+    whose ``_gathered_tile`` ``FEW_K_TRANSPOSED_TILES`` changes today (results transposed), each
+    on the table's tile, with the same bits; the notes' table has every shape's tiles and
+    fractions both ways; the changed calls' range and median, the held-out ones', the fractions
+    before and after and the unchanged calls' range in the notes (range, median and fractions
+    also in the README, recorded_results and the kernel file)."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "qk_few_k_transposed_h200.json").read_text())["shapes"]
+    notes, source, _, held, _ = _few_k_record_checked(
+        monkeypatch, "qk_few_k_transposed_h200", "FEW_K_TRANSPOSED_TILES", (), True, "cae2b94",
+        modes=("hf", "hf backward"), first_run=False)
+    assert len(held) == 22 and (f"the 22 of the eleven held-out shapes {_span(held)} (median "
+                                f"{statistics.median(held):.3f})") in notes
+    left = [r["ratio"] for k, r in record.items() if "same plan" in k]
+    assert f"the {len(left)} calls left alone {_span(left)}" in source
+    assert rope_qk.FEW_K_TRANSPOSED_TILES == ((192, 1, (8, 4, 2)), (224, 1, (4, 2, 1)),
+                                              (320, 1, (2, 4, 1)), (160, 2, (4, 4, 2)),
+                                              (320, 2, (4, 2, 1)))
