@@ -968,7 +968,9 @@ FEW_K_HEAD_GATHERED_BLOCKS = True
 # 2 k heads, 160 B: 4 x 4 on 2, 8 q 0.929 -> 0.946, 4 q 0.863 -> 0.925 (8 x 4 0.951); 320 B:
 # 4 x 2 on 1, 0.930-0.940 -> 0.951-0.965; 192-224 B: level with the tile before (4 x 2 on 1 from 8
 # q heads, which the entry keeps). Where q's heads are not a multiple of its block, the block is
-# halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824). Recorded
+# halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824); an odd number
+# of q heads (blocks of 1, not measured) keeps the tile before (since the commit after 2dc4328's
+# record, which had no such shape). Recorded
 # against cae2b94 (figures/qk_few_k_transposed_h200.json, H200, 5 shuffled rounds, 32 shapes, 11
 # held out): 1.005-1.245 at the 56 calls changed (median 1.085), 0.696-0.939 -> 0.826-0.964 of copy,
 # the same bits; the 8 calls left alone 0.999-1.003.
@@ -1063,9 +1065,9 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     heads are fewer than q's block would take (``FEW_K_HEAD_GATHERED_BLOCKS``), 8 tokens x 4 q heads
     with k's blocks of its own heads; else 32 rows of up to 192 B (4 tokens x 8 heads), 16 of more
     (2 x 8), q's blocks cut to k's head count. Transposed results in 16-bit with 1 or 2 k heads
-    and 4 q heads or more, at rows of 160-320 B (not 256), take ``FEW_K_TRANSPOSED_TILES``' tile
-    by row size, k's blocks of its own heads and q's block halved (tokens doubled) until it
-    divides q's heads. In the probe of ``_gathered_partners`` (11 tiles of
+    and an even number of q heads, 4 or more, at rows of 160-320 B (not 256), take
+    ``FEW_K_TRANSPOSED_TILES``' tile by row size, k's blocks of its own heads and q's block halved
+    (tokens doubled) until it divides q's heads. In the probe of ``_gathered_partners`` (11 tiles of
     1-8 tokens x 4-16 heads on 2 or 4 warps, H200, 3 shuffled rounds) these were the best or within
     3.0 points of the best at every call (Hugging Face's call at 40 of 160: 0.914, against 0.944 on
     4 x 8 on 4 warps); the next sizes lost up to 9 points (the cache at 20 of 80: 0.960 on 4 x 8,
@@ -1098,8 +1100,6 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     few_k = _few_k_transposed_tile(row_bytes, element_size, q_heads, k_heads, transposed)
     if few_k is not None:
         tokens, block_h, warps = few_k
-        while q_heads % block_h:  # no masked heads in q's blocks
-            tokens, block_h = tokens * 2, block_h // 2
         cfg = dict(block_s=min(_next_pow2(max(1, seq_len)), tokens), block_h=block_h,
                    num_warps=warps, all_heads=False, whole_rows=True, gather=True)
         if _next_pow2(k_heads) != block_h:
@@ -1123,13 +1123,17 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
 def _few_k_transposed_tile(row_bytes: int, element_size: int, q_heads: int, k_heads: int,
                            transposed: bool):
     """``FEW_K_TRANSPOSED_TILES``' (tokens, q heads, warps) for a gathered call out of place with
-    transposed results (Hugging Face's), or None."""
-    if (not transposed or element_size != 2 or q_heads < 4 or not 160 <= row_bytes <= 320
-            or not row_bytes & (row_bytes - 1)):
+    transposed results (Hugging Face's), q's block halved and its tokens doubled until it divides
+    q's heads (no masked heads); None elsewhere, and for an odd number of q heads (blocks of one
+    head, not measured)."""
+    if (not transposed or element_size != 2 or q_heads < 4 or q_heads % 2
+            or not 160 <= row_bytes <= 320 or not row_bytes & (row_bytes - 1)):
         return None
-    for largest, k_count, tile in FEW_K_TRANSPOSED_TILES:
+    for largest, k_count, (tokens, block_h, warps) in FEW_K_TRANSPOSED_TILES:
         if k_heads == k_count and row_bytes <= largest:
-            return tile
+            while q_heads % block_h:
+                tokens, block_h = tokens * 2, block_h // 2
+            return tokens, block_h, warps
     return None
 
 

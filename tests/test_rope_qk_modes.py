@@ -979,7 +979,8 @@ def test_few_k_transposed_tiles(monkeypatch):
     take the entry for their row size and k's head count, k's blocks of k's own heads, and q's
     block halved (its tokens doubled) until it divides q's heads; emptied, q's blocks are cut to
     k's head count as before. Float32, the cache's calls, in place, rows of 128, 256 or 384 B, 2
-    q heads, 3 k heads or more and the interpreter keep the tile they had."""
+    q heads, an odd number of q heads (blocks of one head, not measured), 3 k heads or more and
+    the interpreter keep the tile they had."""
     tile = rope_qk._gathered_tile
 
     def few_k(block_s, block_h, warps, block_hk):
@@ -1009,6 +1010,7 @@ def test_few_k_transposed_tiles(monkeypatch):
                  (4096, 8, 1, 128, 2, True, True),  # 256 B rows: a power of two
                  (4096, 8, 1, 192, 2, True, True),  # 384 B rows
                  (4096, 2, 1, 80, 2, True, True),  # 2 q heads
+                 (4096, 5, 1, 80, 2, True, True), (4096, 7, 2, 160, 2, True, True),  # odd q
                  (4096, 12, 3, 80, 2, True, True), (4096, 8, 8, 80, 2, True, True),
                  (4096, 8, 2, 112, 2, True, True),  # 224 B, 2 k heads: the same tile as before
                  (4096, 8, 1, 80, 2, False, True)):  # the interpreter
@@ -1055,9 +1057,8 @@ def test_few_k_transposed_tiles_results(shape, backward, seed, monkeypatch):
         assert torch.equal(got, before)
     for got, x, name in zip(results[True], (q, k), ("q", "k")):
         assert_rope_close(got, hf_reference(x, cos, -sin if backward else sin), dtype, name)
-    tokens_a_block, block_h, warps = tile
-    while q_heads % block_h:
-        tokens_a_block, block_h = tokens_a_block * 2, block_h // 2
+    tokens_a_block, block_h, warps = tile  # q's block already divides q's heads
+    assert q_heads % block_h == 0, tile
     k_block = 1 << (k_heads - 1).bit_length()
     for flag, plan in plans.items():
         c = plan.constexprs
