@@ -958,22 +958,21 @@ GATHERED_ONE_WARP_MIN_Q_HEADS = {"cache": 16, "transposed": 8}
 # at the 30 calls changed (median 1.043), 0.628-0.928 -> 0.818-0.943 of copy, the same bits.
 FEW_K_HEAD_GATHERED_BLOCKS = True
 # The same for Hugging Face's calls (results transposed against the inputs) with 1 or 2 k heads, in
-# 16-bit at rows of 160-320 B but 256: (largest row in bytes, k heads, (tokens, q heads, warps)), k's
-# blocks of its own heads. Before, q's block was cut to k's head count: 8 tokens x 1 head on 1 warp
-# with 1 k head from 8 q heads (16 x 1 on 2 below 8). Two probes (H200, 3 shuffled rounds, not
-# recorded; 23 shapes of 4-32 q heads, 6-7 tiles each, forward and backward alike), forward:
-# 1 k head, 160-192 B: 8 x 4 on 2 warps, 8 q / 1 k at 20 of 80 0.821 -> 0.927, 16 q 0.824 -> 0.944,
-# at 24 of 96 4 q 0.889 -> 0.953; 224 B: 4 x 2 on 1, 4 q 0.885 -> 0.949, 16 q 0.881 -> 0.945
-# (16 x 2 on 2 0.936-0.938 there, 8 x 4 0.844-0.873); 320 B: 2 x 4 on 1, 0.753-0.764 -> 0.876-0.916.
-# 2 k heads, 160 B: 4 x 4 on 2, 8 q 0.929 -> 0.946, 4 q 0.863 -> 0.925 (8 x 4 0.951); 320 B:
-# 4 x 2 on 1, 0.930-0.940 -> 0.951-0.965; 192-224 B: level with the tile before (4 x 2 on 1 from 8
-# q heads, which the entry keeps). Where q's heads are not a multiple of its block, the block is
-# halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824); an odd number
+# 16-bit at rows of 160-320 B but 256: (largest row in bytes, k heads, (tokens, q heads, warps)),
+# k's blocks of its own heads. Before, q's block was cut to k's head count: 8 tokens x 1 head on 1
+# warp with 1 k head from 8 q heads (16 x 1 on 2 below 8). Two probes (H200, 3 shuffled rounds, not
+# recorded; 23 shapes of 4-32 q heads, 6-17 tiles each, forward and backward alike), forward: 1 k
+# head, 160-192 B: 8 x 4 on 2 warps, 8 q / 1 k at 20 of 80 0.821 -> 0.927, 16 q 0.824 -> 0.944, at
+# 24 of 96 4 q 0.889 -> 0.953; 224 B: 4 x 2 on 1, 4 q 0.885 -> 0.949, 16 q 0.881 -> 0.945 (16 x 2 on
+# 2 0.936-0.938 there, 8 x 4 0.844 and 0.873 at 4 and 8 q heads); 320 B: 2 x 4 on 1, 0.753-0.764 ->
+# 0.876-0.916. 2 k heads, 160 B: 4 x 4 on 2, 8 q 0.929 -> 0.946, 4 q 0.863 -> 0.925 (8 x 4 0.951);
+# 320 B: 4 x 2 on 1, 0.930-0.940 -> 0.951-0.965; 192-224 B: level with the tile before (4 x 2 on 1
+# from 8 q heads, which the entry keeps). Where q's heads are not a multiple of its block, the block
+# is halved and the tokens doubled (6 q / 1 k at 20 of 80: 16 x 2 0.894, 8 x 4 0.824); an odd number
 # of q heads (blocks of 1, not measured) keeps the tile before (since the commit after 2dc4328's
-# record, which had no such shape). Recorded
-# against cae2b94 (figures/qk_few_k_transposed_h200.json, H200, 5 shuffled rounds, 32 shapes, 11
-# held out): 1.005-1.245 at the 56 calls changed (median 1.085), 0.696-0.939 -> 0.826-0.964 of copy,
-# the same bits; the 8 calls left alone 0.999-1.003.
+# record, which had no such shape). Recorded against cae2b94 (figures/qk_few_k_transposed_h200.json,
+# H200, 5 shuffled rounds, 32 shapes, 11 held out): 1.005-1.245 at the 56 calls changed (median
+# 1.085), 0.696-0.939 -> 0.826-0.964 of copy, the same bits; the 8 calls left alone 0.999-1.003.
 FEW_K_TRANSPOSED_TILES = ((192, 1, (8, 4, 2)), (224, 1, (4, 2, 1)), (320, 1, (2, 4, 1)),
                           (160, 2, (4, 4, 2)), (320, 2, (4, 2, 1)))
 
