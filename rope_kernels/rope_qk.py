@@ -1090,20 +1090,13 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                     all_heads=False, whole_rows=True, gather=True)
     row_bytes = head_dim * element_size
     one_warp = _gathered_one_warp(row_bytes, element_size, q_heads, k_heads, transposed)
-    if (FEW_K_HEAD_GATHERED_BLOCKS and one_warp is None and not transposed and element_size == 2
-            and 160 <= row_bytes <= 320 and row_bytes & (row_bytes - 1) and q_heads >= 4
+    if (FEW_K_HEAD_GATHERED_BLOCKS and one_warp is None and not transposed
+            and _few_k_rows(row_bytes, element_size, q_heads)
             and _next_pow2(k_heads) < min(8, _next_pow2(q_heads))):
-        return dict(block_s=min(_next_pow2(max(1, seq_len)), 8), block_h=4,
-                    block_hk=_next_pow2(k_heads), num_warps=2, all_heads=False,
-                    whole_rows=True, gather=True)
+        return _own_k_blocks(seq_len, 8, 4, 2, k_heads)
     few_k = _few_k_transposed_tile(row_bytes, element_size, q_heads, k_heads, transposed)
     if few_k is not None:
-        tokens, block_h, warps = few_k
-        cfg = dict(block_s=min(_next_pow2(max(1, seq_len)), tokens), block_h=block_h,
-                   num_warps=warps, all_heads=False, whole_rows=True, gather=True)
-        if _next_pow2(k_heads) != block_h:
-            cfg["block_hk"] = _next_pow2(k_heads)
-        return cfg
+        return _own_k_blocks(seq_len, *few_k, k_heads)
     if one_warp is not None and not transposed:
         # q's heads first, k's blocks the same size (the probe's tiles)
         rows, block_h = one_warp, min(one_warp, _next_pow2(max(1, q_heads)))
@@ -1119,14 +1112,30 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 gather=True)
 
 
+def _few_k_rows(row_bytes: int, element_size: int, q_heads: int) -> bool:
+    """Where the few-k-head rules (``FEW_K_HEAD_GATHERED_BLOCKS``, ``FEW_K_TRANSPOSED_TILES``)
+    were measured: 16-bit rows of 160-320 B that are not a power of two, 4 q heads or more."""
+    return (element_size == 2 and 160 <= row_bytes <= 320 and bool(row_bytes & (row_bytes - 1))
+            and q_heads >= 4)
+
+
+def _own_k_blocks(seq_len: int, tokens: int, block_h: int, num_warps: int, k_heads: int) -> dict:
+    """A gathered tile of ``tokens`` x ``block_h`` q heads whose k blocks are k's own head count
+    (``block_hk``, named where it differs from ``block_h``)."""
+    cfg = dict(block_s=min(_next_pow2(max(1, seq_len)), tokens), block_h=block_h,
+               num_warps=num_warps, all_heads=False, whole_rows=True, gather=True)
+    if _next_pow2(k_heads) != block_h:
+        cfg["block_hk"] = _next_pow2(k_heads)
+    return cfg
+
+
 def _few_k_transposed_tile(row_bytes: int, element_size: int, q_heads: int, k_heads: int,
                            transposed: bool):
     """``FEW_K_TRANSPOSED_TILES``' (tokens, q heads, warps) for a gathered call out of place with
     transposed results (Hugging Face's), q's block halved and its tokens doubled until it divides
     q's heads (no masked heads); None elsewhere, and for an odd number of q heads (blocks of one
     head, not measured)."""
-    if (not transposed or element_size != 2 or q_heads < 4 or q_heads % 2
-            or not 160 <= row_bytes <= 320 or not row_bytes & (row_bytes - 1)):
+    if not transposed or q_heads % 2 or not _few_k_rows(row_bytes, element_size, q_heads):
         return None
     for largest, k_count, (tokens, block_h, warps) in FEW_K_TRANSPOSED_TILES:
         if k_heads == k_count and row_bytes <= largest:

@@ -408,6 +408,13 @@ def _gathered(block_s, block_h, warps=2):
     return dict(_blocks(block_s, block_h, warps), whole_rows=True, gather=True)
 
 
+def _own_k(block_s, block_h, warps, block_hk):
+    """A gathered config whose k blocks have k's own head count (``block_hk``, named where it
+    differs from ``block_h``): the few-k-head rules' tiles."""
+    cfg = _gathered(block_s, block_h, warps)
+    return cfg if block_hk == block_h else dict(cfg, block_hk=block_hk)
+
+
 def test_default_config_of_hugging_face_tables(monkeypatch):
     """Hugging Face's cos/sin where a row is 256 B or more, k fills 2 KB and the whole head is
     rotated: one head block per program on 2 warps, 4 KB where q's heads fill 4 KB blocks and
@@ -918,18 +925,14 @@ def test_few_k_head_gathered_blocks(monkeypatch):
     384 B, 2 q heads, k's heads as many as the block and the interpreter keep the tile they had
     (at 256 B the first recording measured it behind, ..._run1.json)."""
     tile = rope_qk._gathered_tile
-
-    def gathered(block_s, block_h, block_hk):
-        return dict(_gathered(block_s, block_h), block_hk=block_hk)
-
     for q, k, head_dim, want, before in (
-            (8, 1, 80, gathered(8, 4, 1), _gathered(32, 1)),
-            (4, 1, 160, gathered(8, 4, 1), _gathered(16, 1)),
-            (8, 2, 80, gathered(8, 4, 2), _gathered(16, 2)),
-            (8, 2, 160, gathered(8, 4, 2), _gathered(8, 2)),
-            (12, 4, 112, gathered(8, 4, 4), _gathered(4, 4)),
-            (12, 2, 96, gathered(8, 4, 2), _gathered(16, 2)),
-            (4, 2, 80, gathered(8, 4, 2), _gathered(16, 2))):
+            (8, 1, 80, _own_k(8, 4, 2, 1), _gathered(32, 1)),
+            (4, 1, 160, _own_k(8, 4, 2, 1), _gathered(16, 1)),
+            (8, 2, 80, _own_k(8, 4, 2, 2), _gathered(16, 2)),
+            (8, 2, 160, _own_k(8, 4, 2, 2), _gathered(8, 2)),
+            (12, 4, 112, _own_k(8, 4, 2, 4), _gathered(4, 4)),
+            (12, 2, 96, _own_k(8, 4, 2, 2), _gathered(16, 2)),
+            (4, 2, 80, _own_k(8, 4, 2, 2), _gathered(16, 2))):
         assert tile(4096, q, k, head_dim, 2, True, False) == want, (q, k, head_dim)
         assert tile(5, q, k, head_dim, 2, True, False)["block_s"] == 8  # 5 tokens: 8 is next
         monkeypatch.setattr(rope_qk, "FEW_K_HEAD_GATHERED_BLOCKS", False)
@@ -982,22 +985,17 @@ def test_few_k_transposed_tiles(monkeypatch):
     q heads, an odd number of q heads (blocks of one head, not measured), 3 k heads or more and
     the interpreter keep the tile they had."""
     tile = rope_qk._gathered_tile
-
-    def few_k(block_s, block_h, warps, block_hk):
-        cfg = _gathered(block_s, block_h, warps)
-        return cfg if block_hk == block_h else dict(cfg, block_hk=block_hk)
-
     for q, k, head_dim, want, before in (
-            (8, 1, 80, few_k(8, 4, 2, 1), _gathered(8, 1, 1)),  # 160 B
-            (4, 1, 96, few_k(8, 4, 2, 1), _gathered(16, 1)),  # 192 B
-            (6, 1, 80, few_k(16, 2, 2, 1), _gathered(16, 1)),  # 6 q heads: blocks of 2
-            (16, 1, 112, few_k(4, 2, 1, 1), _gathered(8, 1, 1)),  # 224 B
-            (12, 1, 160, few_k(2, 4, 1, 1), _gathered(16, 1)),  # 320 B
-            (6, 1, 160, few_k(4, 2, 1, 1), _gathered(16, 1)),
-            (8, 1, 144, few_k(2, 4, 1, 1), _gathered(16, 1)),  # 288 B
-            (8, 2, 80, few_k(4, 4, 2, 2), _gathered(4, 2, 1)),
-            (4, 2, 96, few_k(4, 2, 1, 2), _gathered(8, 2)),
-            (32, 2, 160, few_k(4, 2, 1, 2), _gathered(8, 2))):
+            (8, 1, 80, _own_k(8, 4, 2, 1), _gathered(8, 1, 1)),  # 160 B
+            (4, 1, 96, _own_k(8, 4, 2, 1), _gathered(16, 1)),  # 192 B
+            (6, 1, 80, _own_k(16, 2, 2, 1), _gathered(16, 1)),  # 6 q heads: blocks of 2
+            (16, 1, 112, _own_k(4, 2, 1, 1), _gathered(8, 1, 1)),  # 224 B
+            (12, 1, 160, _own_k(2, 4, 1, 1), _gathered(16, 1)),  # 320 B
+            (6, 1, 160, _own_k(4, 2, 1, 1), _gathered(16, 1)),
+            (8, 1, 144, _own_k(2, 4, 1, 1), _gathered(16, 1)),  # 288 B
+            (8, 2, 80, _own_k(4, 4, 2, 2), _gathered(4, 2, 1)),
+            (4, 2, 96, _own_k(4, 2, 1, 2), _gathered(8, 2)),
+            (32, 2, 160, _own_k(4, 2, 1, 2), _gathered(8, 2))):
         assert tile(4096, q, k, head_dim, 2, True, True) == want, (q, k, head_dim)
         assert tile(3, q, k, head_dim, 2, True, True)["block_s"] == min(4, want["block_s"])
         with monkeypatch.context() as patch:
