@@ -40,9 +40,20 @@ Each has an ``_inplace`` variant for inference (generation under ``torch.no_grad
 which rotates q and k where they lie and returns them, as Liger-Kernel's ``liger_rotary_pos_emb``
 does: no new tensors, and it too can be assigned over a model's function, but it refuses q and k
 that need a gradient (the out-of-place function is the differentiable one).
+
+``patch(model)`` does the choosing and the assigning for a model instance: it runs the model once
+on a few tokens, takes the arguments of the first call its attention makes to its module's
+``apply_rotary_pos_emb``, and assigns the one function of ours that computes transformers' result
+on them (checked against transformers' function in float64); it raises, and changes nothing,
+where none does or where the call cannot tell them apart. ``unpatch(model)`` puts transformers'
+functions back.
 """
 
 from __future__ import annotations
+
+import sys
+import types
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -57,7 +68,7 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_inplace", "apply_rotary_pos_emb_glm_inplace",
            "apply_rotary_pos_emb_interleaved_inplace", "apply_rotary_pos_emb_gpt_oss_inplace",
            "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
-           "apply_rotary_pos_emb_nanochat_inplace"]
+           "apply_rotary_pos_emb_nanochat_inplace", "patch", "unpatch", "Patched"]
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
@@ -268,3 +279,186 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
     return shortcuts.full_path(
         sig, lambda: _qk.rope_cos_sin(q, k, cos, sin, unsqueeze_dim, pairs=pairs),
         (q, k, cos, sin), lambda out: out)
+
+
+# ---------------------------------------------------------------------------------------------
+# patch(model): the function of ours that computes the model's, chosen by computing both
+# ---------------------------------------------------------------------------------------------
+_OUT_OF_PLACE = {"half": apply_rotary_pos_emb, "interleaved": apply_rotary_pos_emb_interleaved,
+                 "glm": apply_rotary_pos_emb_glm, "half_per_pair": apply_rotary_pos_emb_gpt_oss,
+                 "interleaved_per_pair": apply_rotary_pos_emb_gpt_oss_interleaved,
+                 "half_negated": apply_rotary_pos_emb_nanochat}
+_ALL_OURS = frozenset(_OUT_OF_PLACE.values()) | frozenset(
+    globals()[name] for name in _IN_PLACE_NAMES.values())
+# How far from transformers' function, computed in float64, a result of ours may be, relative to
+# the largest result: the rounding of the result to q's dtype and of transformers' own cos and
+# sin (in the model's dtype), with room; a function of the other pairing or sign is off by about
+# the size of the results themselves.
+_PATCH_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+_ORIGINALS: dict = {}  # modeling module -> transformers' function, while ours is assigned there
+
+
+class Patched(NamedTuple):
+    """One modeling module whose ``apply_rotary_pos_emb`` ``patch`` replaced: ``ours`` is there
+    now, ``theirs`` (transformers' function) was."""
+
+    module: types.ModuleType
+    ours: Callable
+    theirs: Callable
+
+
+def _modeling_modules(model: torch.nn.Module) -> list:
+    """The Python modules of the model's submodules' classes that have an
+    ``apply_rotary_pos_emb`` (where their attention looks it up), in the model's order."""
+    found = []
+    for sub in model.modules():
+        module = sys.modules.get(type(sub).__module__)
+        if (module is not None and module not in found
+                and callable(getattr(module, "apply_rotary_pos_emb", None))):
+            found.append(module)
+    return found
+
+
+def _example_inputs(model: torch.nn.Module) -> dict:
+    """8 token ids (1..8, within the vocabulary) on the device of the model's first parameter."""
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 9
+    return {"input_ids": (torch.arange(1, 9) % vocab)[None].to(device)}
+
+
+def _as_float64(x):
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def _distances(theirs: Callable, args: tuple, kwargs: dict) -> dict:
+    """For each out-of-place function of ours (by ``HF_PAIRS`` key): its largest distance from
+    ``theirs`` on the call's arguments, computed in float64, relative to the largest element of
+    that result; or the exception's text where ours refuses the call."""
+    expected = theirs(*map(_as_float64, args), **{n: _as_float64(v) for n, v in kwargs.items()})
+    scale = max(float(e.abs().max()) for e in expected)
+    distances = {}
+    for pairs, ours in _OUT_OF_PLACE.items():
+        try:
+            got = ours(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+            distances[pairs] = f"{type(e).__name__}: {e}"
+            continue
+        distances[pairs] = (max(float((g.double() - e.double()).abs().max())
+                                for g, e in zip(got, expected)) / scale)
+    return distances
+
+
+def patch(model: torch.nn.Module, inplace: bool = False,
+          example_inputs: Optional[dict] = None) -> list:
+    """Assign over a ``transformers`` model's ``apply_rotary_pos_emb`` the function of ours that
+    computes it, chosen by computing both.
+
+    Runs ``model(**example_inputs)`` once under ``torch.no_grad()`` (by default 8 token ids,
+    ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` of each module that
+    defines the model's classes, and takes the arguments of the first call to each: q, k and the
+    model's own cos and sin, as its attention passes them. Each of our six functions is called on
+    them and compared with transformers' function on the same arguments in float64; the one
+    within the rounding of q's dtype is assigned (its ``_inplace`` variant with ``inplace=True``:
+    for generation and serving, no gradient). Calling it again re-chooses; ``unpatch`` undoes it.
+
+    Args:
+        model: a ``torch.nn.Module`` whose attention calls its module's ``apply_rotary_pos_emb``
+            (the eager and SDPA attention of transformers' models).
+        inplace: assign the ``_inplace`` variant (it refuses q and k that need a gradient).
+        example_inputs: keyword arguments for ``model``'s forward, in place of the 8 token ids
+            (a model that needs other inputs). Its tokens must include positions other than 0
+            (at position 0 every rotation is the identity).
+
+    Returns:
+        A ``Patched(module, ours, theirs)`` for each module whose function was replaced.
+
+    Raises:
+        TypeError: ``model`` is not a ``torch.nn.Module``.
+        ValueError: no module of the model's has ``apply_rotary_pos_emb``, the forward called
+            none, none of ours computes a module's function (the error lists how far each is
+            from it, or why it refused the call), or more than one does (the inputs cannot tell
+            the conventions apart: use more tokens). Nothing is assigned then.
+        RuntimeError: the forward failed on the default inputs (pass ``example_inputs``).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"patch: model must be a torch.nn.Module (a transformers model), got "
+                        f"{type(model).__name__}")
+    modules = _modeling_modules(model)
+    if not modules:
+        raise ValueError(
+            f"patch: none of the modules that define {type(model).__name__}'s classes has an "
+            f"apply_rotary_pos_emb function: this model does not rotate q and k through one "
+            f"(no RoPE, or RoPE computed another way), so there is nothing to replace")
+    current = {module: module.apply_rotary_pos_emb for module in modules}
+    captured: dict = {}
+
+    def recorder(module, fn):
+        def record(*args, **kwargs):
+            captured.setdefault(module, (args, kwargs))
+            return fn(*args, **kwargs)
+        return record
+
+    inputs = example_inputs if example_inputs is not None else _example_inputs(model)
+    try:
+        for module in modules:
+            module.apply_rotary_pos_emb = recorder(module, current[module])
+        with torch.no_grad():
+            model(**inputs)
+    except Exception as e:
+        if example_inputs is not None:
+            raise
+        raise RuntimeError(f"patch: {type(model).__name__}'s forward failed on 8 token ids "
+                           f"(input_ids [1, 8]): pass example_inputs, the keyword arguments of "
+                           f"a forward that runs its attention") from e
+    finally:
+        for module in modules:
+            module.apply_rotary_pos_emb = current[module]
+    if not captured:
+        raise ValueError(
+            f"patch: {type(model).__name__}'s forward called the apply_rotary_pos_emb of none of "
+            f"{[m.__name__ for m in modules]}: its attention rotates q and k another way (an "
+            f"attention implementation with RoPE of its own?), so there is nothing to replace")
+    chosen = []
+    for module, (args, kwargs) in captured.items():
+        theirs = _ORIGINALS.get(module, current[module])  # transformers', if ours is there now
+        distances = _distances(theirs, args, kwargs)
+        q = args[0] if args else kwargs.get("q")
+        tolerance = _PATCH_TOLERANCE.get(getattr(q, "dtype", None), 1e-4)
+        matches = [pairs for pairs, d in distances.items()
+                   if not isinstance(d, str) and d <= tolerance]
+        shown = ", ".join(f"{_OUT_OF_PLACE[p].__name__}: "
+                          f"{d if isinstance(d, str) else format(d, '.2g')}"
+                          for p, d in distances.items())
+        if not matches:
+            raise ValueError(
+                f"patch: no function of rope_kernels.hf computes {module.__name__}."
+                f"apply_rotary_pos_emb on the call its model made (distance from it, relative to "
+                f"the largest result, tolerance {tolerance:g}; or why it refused: {shown}); "
+                f"nothing was assigned")
+        if len(matches) > 1:
+            raise ValueError(
+                f"patch: {[_OUT_OF_PLACE[p].__name__ for p in matches]} all compute "
+                f"{module.__name__}.apply_rotary_pos_emb on the call its model made, so it cannot "
+                f"tell which one the model's is: pass example_inputs with more tokens (at position "
+                f"0 every rotation is the identity); nothing was assigned")
+        ours = (globals()[_IN_PLACE_NAMES[matches[0]]] if inplace
+                else _OUT_OF_PLACE[matches[0]])
+        chosen.append(Patched(module, ours, theirs))
+    for module, ours, theirs in chosen:
+        module.apply_rotary_pos_emb = ours
+        _ORIGINALS[module] = theirs
+    return chosen
+
+
+def unpatch(model: torch.nn.Module) -> list:
+    """Put transformers' ``apply_rotary_pos_emb`` back in every module of ``model``'s where
+    ``patch`` assigned one of ours; returns those modules (none if it was not patched)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
+    restored = []
+    for module in _modeling_modules(model):
+        if module in _ORIGINALS and module.apply_rotary_pos_emb in _ALL_OURS:
+            module.apply_rotary_pos_emb = _ORIGINALS.pop(module)
+            restored.append(module)
+    return restored

@@ -8,6 +8,8 @@ theirs."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -757,3 +759,101 @@ def test_named_families_use_the_pairing_we_name(ours, name, seed):
         except ValueError:  # (cos of the other width)
             continue
         assert not all(torch.allclose(o, w, atol=1e-3) for o, w in zip(wrong, want)), other
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+# Every family in float32; in bf16, one of each layout of cos (Llama's, GLM's, GPT-OSS's).
+PATCH_CASES = ([(arch, torch.float32) for arch in OURS]
+               + [(arch, torch.bfloat16) for arch in ("llama", "glm", "gpt_oss")])
+
+
+@pytest.mark.parametrize("arch,dtype", PATCH_CASES,
+                         ids=[f"{a}-{str(d)[6:]}" for a, d in PATCH_CASES])
+def test_patch_chooses_the_models_function(arch, dtype, seed, monkeypatch):
+    """``hf.patch`` on a tiny random model of each family assigns our function of its pairing
+    over its module's (and nothing else), the logits stay transformers' (bf16: within the
+    rounding of a bf16 model), a second call chooses the same, and ``unpatch`` puts
+    transformers' function back."""
+    config, model, module, ids = _tiny_model(arch, seed)
+    model = model.to(dtype)
+    theirs = module.apply_rotary_pos_emb
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", theirs)  # back after the test, whatever
+    expected = _logits(model, ids)
+    patched = rope_kernels.hf.patch(model)
+    assert patched == [(module, OURS[arch], theirs)]
+    assert module.apply_rotary_pos_emb is OURS[arch]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(_logits(model, ids), expected, **tol)
+    assert rope_kernels.hf.patch(model) == patched  # again: transformers' function still known
+    assert rope_kernels.hf.unpatch(model) == [module]
+    assert module.apply_rotary_pos_emb is theirs
+    assert rope_kernels.hf.unpatch(model) == []
+
+
+def test_patch_inplace_generates_the_same(seed, monkeypatch):
+    """``patch(model, inplace=True)`` assigns the in-place variant: greedy generation gives
+    transformers' tokens; a forward that needs gradients is then refused by name."""
+    config, model, module, ids = _tiny_model("llama", seed)
+    model.eval()
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        theirs = model.generate(ids, **kw)
+    (patched,) = rope_kernels.hf.patch(model, inplace=True)
+    assert patched.ours is rope_kernels.hf.apply_rotary_pos_emb_inplace
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **kw), theirs)
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb_inplace cannot rotate q and k "
+                                         "that require grad"):
+        model(input_ids=ids)
+    rope_kernels.hf.unpatch(model)
+    assert module.apply_rotary_pos_emb is patched.theirs
+
+
+def _double_angle(theirs):
+    """A rotation no function of ours computes: by 2 theta (cos 2t, sin 2t from cos t, sin t)."""
+    def rotate(q, k, cos, sin, unsqueeze_dim=1):
+        return theirs(q, k, cos * cos - sin * sin, 2 * sin * cos, unsqueeze_dim)
+    return rotate
+
+
+def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
+    """Where no function of ours computes the model's, or the call cannot tell them apart, or
+    the model has no such function, ``patch`` raises a ValueError that says so, and the
+    module's function stays as it was."""
+    config, model, module, ids = _tiny_model("llama", seed)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", _double_angle(module.apply_rotary_pos_emb))
+    before = module.apply_rotary_pos_emb
+    with pytest.raises(ValueError, match=r"no function of rope_kernels\.hf computes "
+                                         r"transformers\.models\.llama\.modeling_llama"):
+        rope_kernels.hf.patch(model)
+    assert module.apply_rotary_pos_emb is before
+
+    monkeypatch.undo()
+    theirs = module.apply_rotary_pos_emb
+    one_token = {"input_ids": ids[:1, :1]}  # position 0 only: every rotation is the identity
+    with pytest.raises(ValueError, match="cannot tell which one"):
+        rope_kernels.hf.patch(model, example_inputs=one_token)
+    assert module.apply_rotary_pos_emb is theirs
+
+    # GPT-J's function has another signature: apply_rotary_pos_emb(tensor, sin, cos)
+    gptj = transformers.GPTJForCausalLM(transformers.GPTJConfig(
+        vocab_size=96, n_positions=128, n_embd=64, n_layer=1, n_head=4, rotary_dim=8)).to(DEVICE)
+    gptj_module = sys.modules[type(gptj).__module__]
+    gptj_theirs = gptj_module.apply_rotary_pos_emb
+    with pytest.raises(ValueError, match=r"no function of rope_kernels\.hf computes "
+                                         r"transformers\.models\.gptj\.modeling_gptj.*TypeError"):
+        rope_kernels.hf.patch(gptj)
+    assert gptj_module.apply_rotary_pos_emb is gptj_theirs
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=96, n_positions=128, n_embd=32, n_layer=1, n_head=2, bos_token_id=1,
+        eos_token_id=2)).to(DEVICE)
+    with pytest.raises(ValueError, match="has an apply_rotary_pos_emb function"):
+        rope_kernels.hf.patch(gpt2)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        rope_kernels.hf.patch(modeling_llama)
