@@ -373,24 +373,37 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
                          f"({head_size})")
 
 
-def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half") -> None:
+def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half", one=None) -> None:
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature;
     ``pairs``: which of rope_kernels.hf's functions (rope_qk.HF_PAIRS' keys: "half",
-    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "half_negated")."""
+    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "half_negated"). ``one``: for
+    a function that rotates one tensor (Gemma 4's, GPT-J's), its argument's name; that tensor is
+    ``q``, and ``k`` is not checked (the caller makes it: none of q's heads)."""
     sig = None
-    if all(isinstance(x, torch.Tensor) for x in (q, k, cos, sin)):
-        sig = ("hf", _meta(q), _meta(k), _meta(cos), _meta(sin), unsqueeze_dim,
-               type(unsqueeze_dim), pairs)
-    _remembered(sig, lambda: _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs))
+    if all(isinstance(x, torch.Tensor) for x in (q, cos, sin)) and (
+            one is not None or isinstance(k, torch.Tensor)):
+        sig = ("hf", _meta(q), None if one else _meta(k), _meta(cos), _meta(sin), unsqueeze_dim,
+               type(unsqueeze_dim), pairs, one)
+    _remembered(sig, lambda: _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs, one))
 
 
-def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs) -> None:
-    for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs, one=None) -> None:
+    q_name = one or "q"
+    tensors = ((q_name, q),) + ((("k", k),) if one is None else ()) + (("cos", cos), ("sin", sin))
+    for name, x in tensors:
         _tensor(name, x, "see rope_kernels.hf.apply_rotary_pos_emb")
         _kernel_dtype(name, x)
-    if unsqueeze_dim not in (1, 2) or isinstance(unsqueeze_dim, bool):
-        raise ValueError(f"unsqueeze_dim must be 1 (q, k as [b, h, s, d]) or 2 ([b, s, h, d]), got "
-                         f"{unsqueeze_dim!r}")
+    if (isinstance(unsqueeze_dim, (bool, torch.Tensor))  # (a tensor: `in` would raise)
+            or unsqueeze_dim not in (1, 2)):
+        layout = f"{q_name} as" if one else "q, k as"
+        got = (repr(unsqueeze_dim) if isinstance(unsqueeze_dim, int)
+               else f"a {type(unsqueeze_dim).__name__}")
+        raise ValueError(f"unsqueeze_dim must be 1 ({layout} [b, h, s, d]) or 2 ([b, s, h, d]), "
+                         f"got {got}")
+    if one is not None:
+        if q.dim() != 4:
+            raise ValueError(f"{q_name} must be 4-D, got shape {tuple(q.shape)}")
+        k = q.narrow(unsqueeze_dim, 0, 0)  # (what the caller rotates with it: no heads)
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"q and k must be 4-D, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if k.dtype != q.dtype:
@@ -436,19 +449,22 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
 
 
 def validate_in_place(function: str, differentiable: str, **tensors) -> None:
-    """What an in-place function refuses beyond its out-of-place twin's checks, for the two
-    tensors it writes into (given by argument name, e.g. ``query=..., key=...``): tensors that
-    need a gradient (autograd would lose the values the backward needs), one tensor given for
-    both, and a tensor whose elements share memory (a stride of 0, as from ``expand()``: several
-    programs would write one element). ``differentiable``: the out-of-place twin to name."""
-    (a, x), (b, y) = tensors.items()
-    if needs_grad(x, y):
-        raise ValueError(f"{function} cannot rotate {a} and {b} that require grad (autograd would "
+    """What an in-place function refuses beyond its out-of-place twin's checks, for the tensors
+    it writes into, two or one (given by argument name, e.g. ``query=..., key=...``; one for
+    Gemma 4's and GPT-J's functions): tensors that need a gradient (autograd would lose the
+    values the backward needs), one tensor given for both, and a tensor whose elements share
+    memory (a stride of 0, as from ``expand()``: several programs would write one element).
+    ``differentiable``: the out-of-place twin to name."""
+    if needs_grad(*tensors.values()):
+        raise ValueError(f"{function} cannot rotate {' and '.join(tensors)} that "
+                         f"{'require' if len(tensors) > 1 else 'requires'} grad (autograd would "
                          f"lose the values it needs): use {differentiable}, which is "
                          f"differentiable, or call it under torch.no_grad()")
-    if x is y:
-        raise ValueError(f"{function} needs {a} and {b} to be different tensors, got one tensor "
-                         f"for both")
+    if len(tensors) == 2:
+        (a, x), (b, y) = tensors.items()
+        if x is y:
+            raise ValueError(f"{function} needs {a} and {b} to be different tensors, got one "
+                             f"tensor for both")
     for name, t in tensors.items():
         if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
             raise ValueError(f"{function} writes into {name}, whose elements share memory (a "

@@ -3,9 +3,9 @@
 transformers' models rotate q and k with cos and sin that the model's rotary module has already
 computed, attention scaling folded in, in the model's dtype, through a module-level function of
 this signature. Six conventions share it (which channels are paired, how wide cos and sin are,
-the sign of the rotation), so there are six functions here, each with the signature and results
-of transformers' own, q and k in one launch, differentiable and traceable by ``torch.compile``,
-so that a model can use it by assignment::
+the sign of the rotation), so there are six such functions here, each with the signature and
+results of transformers' own, q and k in one launch, differentiable and traceable by
+``torch.compile``, so that a model can use it by assignment::
 
     import transformers.models.llama.modeling_llama as llama
     import rope_kernels.hf
@@ -28,6 +28,15 @@ so that a model can use it by assignment::
   channels 2j and 2j+1 paired.
 - ``apply_rotary_pos_emb_nanochat``: NanoChat's: Llama's pairs and tables, rotated by -theta (its
   ``rotate_half`` returns ``cat(x2, -x1)``, the opposite sign of Llama's).
+
+Two more rotate one tensor a call, with signatures of their own:
+
+- ``apply_rotary_pos_emb_gemma4(x, cos, sin, unsqueeze_dim=1)``: Gemma 3n's and Gemma 4's (Gemma 4
+  unified's, DiffusionGemma's): Llama's pairing and cos, q and k rotated by separate calls (each
+  after its own norm; k may come from another layer's cache).
+- ``apply_rotary_pos_emb_gptj(tensor, sin, cos)``: GPT-J's and CodeGen's: channels 2j and 2j+1
+  paired by sin and cos of one entry per pair, ``[b, s, d / 2]``, sin first; ``tensor``
+  ``[b, s, h, d]``, the rotated slice of q or k.
 
 Assigning one over a model's function of another convention gives wrong results without an error
 (the signatures are the same; GPT-OSS's narrower cos would pass for Llama's partial rotary):
@@ -68,7 +77,9 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_inplace", "apply_rotary_pos_emb_glm_inplace",
            "apply_rotary_pos_emb_interleaved_inplace", "apply_rotary_pos_emb_gpt_oss_inplace",
            "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
-           "apply_rotary_pos_emb_nanochat_inplace", "patch", "unpatch", "Patched"]
+           "apply_rotary_pos_emb_nanochat_inplace", "apply_rotary_pos_emb_gemma4",
+           "apply_rotary_pos_emb_gemma4_inplace", "apply_rotary_pos_emb_gptj",
+           "apply_rotary_pos_emb_gptj_inplace", "patch", "unpatch", "Patched"]
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
@@ -222,6 +233,73 @@ def apply_rotary_pos_emb_nanochat_inplace(q: torch.Tensor, k: torch.Tensor, cos:
     return _apply(q, k, cos, sin, unsqueeze_dim, "half_negated", True)
 
 
+def apply_rotary_pos_emb_gemma4(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                unsqueeze_dim: int = 1):
+    """RoPE on one tensor with the model's cos and sin, as ``transformers``' Gemma 3n and Gemma 4
+    function (Gemma 4 unified's and DiffusionGemma's are the same): Llama's pairing and layout of
+    cos and sin, ``x * cos + rotate_half(x) * sin``, one tensor a call (their attention rotates
+    q and k apart, each after its own norm).
+
+    Args:
+        x: ``[b, h, s, d]`` (``unsqueeze_dim=1``) or ``[b, s, h, d]`` (``unsqueeze_dim=2``, what
+            their attention passes), float32/float16/bfloat16, any strides.
+        cos, sin: as ``apply_rotary_pos_emb``'s (narrower than d: the rest of the head copied).
+        unsqueeze_dim: the axis of x that holds the heads.
+
+    Returns:
+        A new tensor of x's shape and dtype, laid out like x where cos covers the whole head
+        (contiguous where it covers part of it). Computed in float32. Differentiable with
+        respect to x.
+    """
+    return _apply_one(x, cos, sin, unsqueeze_dim, "half", "x")
+
+
+def apply_rotary_pos_emb_gptj(tensor: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor):
+    """RoPE on one tensor, as ``transformers``' GPT-J function (CodeGen's is the same): channels 2j
+    and 2j+1 rotated together by pair j's sin and cos (``rotate_every_two``; the function
+    repeat_interleaves them). Note the order: sin, then cos.
+
+    Args:
+        tensor: ``[b, s, h, d]``: the part of q or k that GPT-J rotates (``q[..., :rotary_dim]``,
+            a view), float32/float16/bfloat16, any strides.
+        sin, cos: ``[b, s, d / 2]`` (or ``[s, d / 2]``, or batch 1 for all), one entry per pair.
+
+    Returns:
+        A new tensor of ``tensor``'s shape and dtype, laid out like it. Computed in float32.
+        Differentiable with respect to ``tensor``.
+    """
+    return _apply_one(tensor, cos, sin, 2, "interleaved_per_pair", "tensor")
+
+
+def apply_rotary_pos_emb_gemma4_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                        unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_gemma4`` writing into x and returning it, as
+    ``apply_rotary_pos_emb_inplace`` (x must not need a gradient)."""
+    return _apply_one(x, cos, sin, unsqueeze_dim, "half", "x",
+                      "apply_rotary_pos_emb_gemma4_inplace")
+
+
+def apply_rotary_pos_emb_gptj_inplace(tensor: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor):
+    """``apply_rotary_pos_emb_gptj`` writing into ``tensor`` and returning it, as
+    ``apply_rotary_pos_emb_inplace`` (``tensor`` must not need a gradient). GPT-J's attention
+    passes a view of q's or k's first channels; those are written where they lie."""
+    return _apply_one(tensor, cos, sin, 2, "interleaved_per_pair", "tensor",
+                      "apply_rotary_pos_emb_gptj_inplace")
+
+
+def _apply_one(x, cos, sin, unsqueeze_dim, pairs, one, in_place_name=None):
+    """The single-tensor functions' body: x rotated as q with a k of no heads (a view of none of
+    x's), through the q+k functions' path; ``one``: x's argument name (for errors);
+    ``in_place_name``: the in-place function's name, None out of place."""
+    if not (isinstance(x, torch.Tensor) and x.dim() == 4
+            and not isinstance(unsqueeze_dim, (bool, torch.Tensor)) and unsqueeze_dim in (1, 2)):
+        validate_hf_args(x, None, cos, sin, unsqueeze_dim, pairs, one=one)  # says what is wrong
+        raise AssertionError("unreachable: the checks above raise")
+    k = x.narrow(unsqueeze_dim, 0, 0)
+    return _apply(x, k, cos, sin, unsqueeze_dim, pairs, in_place_name is not None, one,
+                  in_place_name)[0]
+
+
 def _launch_entry(entry, q, k, cos, sin, in_place):
     """A shortcut's launch: (q, k) rotated where they lie, or the new (q_embed, k_embed)."""
     if in_place:
@@ -231,9 +309,10 @@ def _launch_entry(entry, q, k, cos, sin, in_place):
     return q_embed, k_embed
 
 
-def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
+def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_place_name=None):
     """The functions' body: ``pairs`` is rope_qk.HF_PAIRS' key; ``in_place``: write into q
-    and k and return them."""
+    and k and return them. ``one``: the argument name of a single-tensor function's tensor (q;
+    k is then a view of none of its heads), ``in_place_name`` its in-place function's name."""
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.
     shortcuts = _api._SHORTCUTS
@@ -258,14 +337,14 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
             return _launch_entry(entry, q, k, cos, sin, in_place)
         if entry is False:  # its full path is not one launch
             sig = None
-    validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs)
+    validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs, one=one)
     if _api._needs_grad(cos, sin):
         raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
                          "pass cos.detach() and sin.detach() (transformers' rotary module "
                          "computes them from a buffer, without gradient)")
     if in_place:
-        name = _IN_PLACE_NAMES[pairs]
-        validate_in_place(name, name[:-len("_inplace")], q=q, k=k)
+        name = in_place_name or _IN_PLACE_NAMES[pairs]
+        validate_in_place(name, name[:-len("_inplace")], **({one: q} if one else dict(q=q, k=k)))
         if torch.compiler.is_compiling():
             _ops.rope_cos_sin_(q, k, cos, sin, unsqueeze_dim, pairs)
             return q, k
@@ -284,12 +363,13 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False):
 # ---------------------------------------------------------------------------------------------
 # patch(model): the function of ours that computes the model's, chosen by computing both
 # ---------------------------------------------------------------------------------------------
-_OUT_OF_PLACE = {"half": apply_rotary_pos_emb, "interleaved": apply_rotary_pos_emb_interleaved,
-                 "glm": apply_rotary_pos_emb_glm, "half_per_pair": apply_rotary_pos_emb_gpt_oss,
-                 "interleaved_per_pair": apply_rotary_pos_emb_gpt_oss_interleaved,
-                 "half_negated": apply_rotary_pos_emb_nanochat}
-_ALL_OURS = frozenset(_OUT_OF_PLACE.values()) | frozenset(
-    globals()[name] for name in _IN_PLACE_NAMES.values())
+# Our out-of-place functions -> their in-place variants: patch's candidates.
+_IN_PLACE_OF = {
+    **{globals()[name[:-len("_inplace")]]: globals()[name] for name in _IN_PLACE_NAMES.values()},
+    apply_rotary_pos_emb_gemma4: apply_rotary_pos_emb_gemma4_inplace,
+    apply_rotary_pos_emb_gptj: apply_rotary_pos_emb_gptj_inplace,
+}
+_ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 # How far from transformers' function, computed in float64, a result of ours may be, relative to
 # the largest result: the rounding of the result to q's dtype and of transformers' own cos and
 # sin (in the model's dtype), with room; a function of the other pairing or sign is off by about
@@ -331,21 +411,30 @@ def _as_float64(x):
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
+def _as_tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
 def _distances(theirs: Callable, args: tuple, kwargs: dict) -> dict:
-    """For each out-of-place function of ours (by ``HF_PAIRS`` key): its largest distance from
-    ``theirs`` on the call's arguments, computed in float64, relative to the largest element of
-    that result; or the exception's text where ours refuses the call."""
-    expected = theirs(*map(_as_float64, args), **{n: _as_float64(v) for n, v in kwargs.items()})
+    """For each out-of-place function of ours: its largest distance from ``theirs`` on the
+    call's arguments, computed in float64, relative to the largest element of that result; or
+    why ours refused the call (the exception's first 160 characters)."""
+    expected = _as_tuple(theirs(*map(_as_float64, args),
+                                **{n: _as_float64(v) for n, v in kwargs.items()}))
     scale = max(float(e.abs().max()) for e in expected)
     distances = {}
-    for pairs, ours in _OUT_OF_PLACE.items():
+    for ours in _IN_PLACE_OF:
         try:
-            got = ours(*args, **kwargs)
+            got = _as_tuple(ours(*args, **kwargs))
         except (TypeError, ValueError) as e:
-            distances[pairs] = f"{type(e).__name__}: {e}"
+            reason = f"{type(e).__name__}: {e}"
+            distances[ours] = reason if len(reason) <= 160 else reason[:157] + "..."
             continue
-        distances[pairs] = (max(float((g.double() - e.double()).abs().max())
-                                for g, e in zip(got, expected)) / scale)
+        if len(got) != len(expected):
+            distances[ours] = f"{len(got)} results, transformers' function {len(expected)}"
+            continue
+        distances[ours] = (max(float((g.double() - e.double()).abs().max())
+                               for g, e in zip(got, expected)) / scale)
     return distances
 
 
@@ -357,7 +446,7 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     Runs ``model(**example_inputs)`` once under ``torch.no_grad()`` (by default 8 token ids,
     ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` of each module that
     defines the model's classes, and takes the arguments of the first call to each: q, k and the
-    model's own cos and sin, as its attention passes them. Each of our six functions is called on
+    model's own cos and sin, as its attention passes them. Each of our eight functions is called on
     them and compared with transformers' function on the same arguments in float64; the one
     within the rounding of q's dtype is assigned (its ``_inplace`` variant with ``inplace=True``:
     for generation and serving, no gradient). Calling it again re-chooses; ``unpatch`` undoes it.
@@ -425,11 +514,10 @@ def patch(model: torch.nn.Module, inplace: bool = False,
         distances = _distances(theirs, args, kwargs)
         q = args[0] if args else kwargs.get("q")
         tolerance = _PATCH_TOLERANCE.get(getattr(q, "dtype", None), 1e-4)
-        matches = [pairs for pairs, d in distances.items()
+        matches = [ours for ours, d in distances.items()
                    if not isinstance(d, str) and d <= tolerance]
-        shown = ", ".join(f"{_OUT_OF_PLACE[p].__name__}: "
-                          f"{d if isinstance(d, str) else format(d, '.2g')}"
-                          for p, d in distances.items())
+        shown = "; ".join(f"{ours.__name__}: {d if isinstance(d, str) else format(d, '.2g')}"
+                          for ours, d in distances.items())
         if not matches:
             raise ValueError(
                 f"patch: no function of rope_kernels.hf computes {module.__name__}."
@@ -438,12 +526,11 @@ def patch(model: torch.nn.Module, inplace: bool = False,
                 f"nothing was assigned")
         if len(matches) > 1:
             raise ValueError(
-                f"patch: {[_OUT_OF_PLACE[p].__name__ for p in matches]} all compute "
+                f"patch: {[ours.__name__ for ours in matches]} all compute "
                 f"{module.__name__}.apply_rotary_pos_emb on the call its model made, so it cannot "
                 f"tell which one the model's is: pass example_inputs with more tokens (at position "
                 f"0 every rotation is the identity); nothing was assigned")
-        ours = (globals()[_IN_PLACE_NAMES[matches[0]]] if inplace
-                else _OUT_OF_PLACE[matches[0]])
+        ours = _IN_PLACE_OF[matches[0]] if inplace else matches[0]
         chosen.append(Patched(module, ours, theirs))
     for module, ours, theirs in chosen:
         module.apply_rotary_pos_emb = ours

@@ -822,9 +822,9 @@ def _double_angle(theirs):
 
 
 def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
-    """Where no function of ours computes the model's, or the call cannot tell them apart, or
-    the model has no such function, ``patch`` raises a ValueError that says so, and the
-    module's function stays as it was."""
+    """Where no function of ours computes the model's (a rotation by 2 theta), or the call cannot
+    tell them apart (one token), or the model has no such function (GPT-2), ``patch`` raises a
+    ValueError that says so, and the module's function stays as it was."""
     config, model, module, ids = _tiny_model("llama", seed)
     monkeypatch.setattr(module, "apply_rotary_pos_emb", _double_angle(module.apply_rotary_pos_emb))
     before = module.apply_rotary_pos_emb
@@ -840,16 +840,6 @@ def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
         rope_kernels.hf.patch(model, example_inputs=one_token)
     assert module.apply_rotary_pos_emb is theirs
 
-    # GPT-J's function has another signature: apply_rotary_pos_emb(tensor, sin, cos)
-    gptj = transformers.GPTJForCausalLM(transformers.GPTJConfig(
-        vocab_size=96, n_positions=128, n_embd=64, n_layer=1, n_head=4, rotary_dim=8)).to(DEVICE)
-    gptj_module = sys.modules[type(gptj).__module__]
-    gptj_theirs = gptj_module.apply_rotary_pos_emb
-    with pytest.raises(ValueError, match=r"no function of rope_kernels\.hf computes "
-                                         r"transformers\.models\.gptj\.modeling_gptj.*TypeError"):
-        rope_kernels.hf.patch(gptj)
-    assert gptj_module.apply_rotary_pos_emb is gptj_theirs
-
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=96, n_positions=128, n_embd=32, n_layer=1, n_head=2, bos_token_id=1,
         eos_token_id=2)).to(DEVICE)
@@ -857,3 +847,142 @@ def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
         rope_kernels.hf.patch(gpt2)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         rope_kernels.hf.patch(modeling_llama)
+
+
+# Functions that rotate one tensor a call: family -> (transformers' module name, ours, whether
+# cos and sin have one entry per pair: GPT-J's order, (tensor, sin, cos), heads on axis 2)
+ONE_TENSOR = {
+    "gemma4": ("gemma4", rope_kernels.hf.apply_rotary_pos_emb_gemma4, False),
+    "gemma3n": ("gemma3n", rope_kernels.hf.apply_rotary_pos_emb_gemma4, False),
+    "diffusion_gemma": ("diffusion_gemma", rope_kernels.hf.apply_rotary_pos_emb_gemma4, False),
+    "gptj": ("gptj", rope_kernels.hf.apply_rotary_pos_emb_gptj, True),
+    "codegen": ("codegen", rope_kernels.hf.apply_rotary_pos_emb_gptj, True),
+}
+
+
+def _one_tensor_call(family, fn, x, cos, sin, unsqueeze_dim):
+    """``fn`` (ours or transformers') called as the family's attention calls it."""
+    if ONE_TENSOR[family][2]:  # GPT-J's order: (tensor, sin, cos), heads on axis 2
+        return fn(x, sin, cos)
+    return fn(x, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+# GPT-J's function has no unsqueeze_dim (heads on axis 2); Gemma's both layouts
+ONE_TENSOR_CASES = [(family, u) for family, (_, _, per_pair) in ONE_TENSOR.items()
+                    for u in ((2,) if per_pair else (1, 2))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family,unsqueeze_dim", ONE_TENSOR_CASES)
+def test_one_tensor_functions_match_transformers(dtype, family, unsqueeze_dim, seed):
+    """Gemma 3n's and Gemma 4's function (Llama's pairing, one tensor) and GPT-J's (interleaved
+    pairs by sin and cos of one entry per pair, sin first; CodeGen's the same), on x as their
+    attention passes it (GPT-J: the rotated slice, a view) and as the other layout (Gemma), on
+    random cos and sin: values against transformers' function in float64 and in the dtype, the
+    layout of its result, and the gradient against autograd through it in float64."""
+    name, ours_fn, per_pair = ONE_TENSOR[family]
+    module = _modeling(name)
+    b, s, h, d = 2, 5, 4, 16
+    x = randn((b, s, h, 2 * d), dtype, seed)[..., :d]  # (a view, as GPT-J's q[..., :rotary_dim])
+    if unsqueeze_dim == 1:
+        x = x.transpose(1, 2)
+    cos, sin = (randn((b, s, d // 2 if per_pair else d), dtype, seed + i) for i in (1, 2))
+    x.requires_grad_(True)
+    ours = _one_tensor_call(family, ours_fn, x, cos, sin, unsqueeze_dim)
+    theirs = _one_tensor_call(family, module.apply_rotary_pos_emb, x.detach(), cos, sin,
+                              unsqueeze_dim)
+    x64 = x.detach().double().requires_grad_(True)
+    exact = _one_tensor_call(family, module.apply_rotary_pos_emb, x64, cos.double(),
+                             sin.double(), unsqueeze_dim)
+    pairs = "interleaved_per_pair" if per_pair else "half"
+    ref = hf_reference(x.detach(), cos, sin, unsqueeze_dim, pairs)
+    torch.testing.assert_close(exact.detach(), ref, rtol=1e-12, atol=1e-12)  # the same rotation
+    assert ours.shape == theirs.shape and ours.dtype == dtype and ours.requires_grad
+    assert _layout(ours) == _layout(theirs)
+    assert_rope_close(ours.detach(), ref, dtype, family)
+    tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+    torch.testing.assert_close(ours.detach(), theirs, rtol=tol, atol=tol)
+    weights = randn(ours.shape, torch.float32, seed + 5)
+    (ours * weights).sum().backward()
+    (exact * weights.to(dtype).double()).sum().backward()
+    assert_rope_close(x.grad, x64.grad, dtype, "dx")
+    # the in-place variant: x's values, where x lies
+    inplace_fn = getattr(rope_kernels.hf, ours_fn.__name__ + "_inplace")
+    x_in = x.detach().clone()
+    assert _one_tensor_call(family, inplace_fn, x_in, cos, sin, unsqueeze_dim) is x_in
+    assert torch.equal(x_in, ours.detach())
+
+
+def _tiny_one_tensor_model(family, seed):
+    """(a tiny random fp32 model with eager attention of a family whose function rotates one
+    tensor, its transformers module, token ids)."""
+    torch.manual_seed(seed)
+    module = _modeling(ONE_TENSOR[family][0])
+    if family == "gemma4":
+        config = module.Gemma4TextConfig(head_dim=16, **_SMALL)
+        cls = module.Gemma4ForCausalLM
+    elif family == "gptj":
+        config = transformers.GPTJConfig(vocab_size=96, n_positions=128, n_embd=64, n_layer=2,
+                                         n_head=4, rotary_dim=8)
+        cls = module.GPTJForCausalLM
+    else:
+        raise ValueError(family)
+    config._attn_implementation = "eager"
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed))
+    return cls(config).to(DEVICE), module, ids.to(DEVICE)
+
+
+@pytest.mark.parametrize("family", ["gemma4", "gptj"])
+def test_one_tensor_models_unchanged_and_patched(family, seed, monkeypatch):
+    """A tiny Gemma 4 (a sliding layer with Llama's RoPE, a full one with its proportional RoPE,
+    a quarter of the head rotated) and a tiny GPT-J (8 of 16 channels rotated): logits and every
+    gradient match with ours assigned (two calls a layer, q and k); ``patch`` chooses it, and
+    with ``inplace=True`` greedy generation gives transformers' tokens."""
+    model, module, ids = _tiny_one_tensor_model(family, seed)
+    ours_fn = ONE_TENSOR[family][1]
+    calls = _swapped_calls_match(model, module, ids, monkeypatch, ours_fn)
+    assert calls == 2 * 2  # two layers, q and k
+    monkeypatch.undo()
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
+    model.eval()
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        theirs = model.generate(ids, **kw)
+    (patched,) = rope_kernels.hf.patch(model, inplace=True)
+    assert (patched.module, patched.ours) == (module, getattr(rope_kernels.hf,
+                                                               ours_fn.__name__ + "_inplace"))
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **kw), theirs)
+    assert rope_kernels.hf.unpatch(model) == [module]
+
+
+@pytest.mark.parametrize("fn,args,exc,words", [
+    ("gemma4", dict(x="3d"), ValueError, ["x must be 4-D", "(4, 5, 16)"]),
+    ("gemma4", dict(unsqueeze_dim=3), ValueError, ["unsqueeze_dim must be 1 (x as", "got 3"]),
+    ("gemma4", dict(unsqueeze_dim="cos"), ValueError, ["unsqueeze_dim must be 1", "got a Tensor"]),
+    ("gemma4", dict(x="f64"), TypeError, ["x must have dtype", "torch.float64"]),
+    ("gemma4_inplace", dict(x="grad"), ValueError,
+     ["apply_rotary_pos_emb_gemma4_inplace cannot rotate x that requires grad",
+      "use apply_rotary_pos_emb_gemma4"]),
+    ("gptj", dict(cos="wide"), ValueError,
+     ["cos and sin must have one shape", "(2, 5, 16) and (2, 5, 8)"]),
+    ("gptj", dict(cos="wide", sin="wide"), ValueError,
+     ["cos.shape[-1] must be head_dim / 2 (8)", "got 16"]),
+    ("gptj_inplace", dict(x="grad"), ValueError,
+     ["apply_rotary_pos_emb_gptj_inplace cannot rotate tensor that requires grad"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_one_tensor_bad_input(fn, args, exc, words):
+    """Errors of the one-tensor functions name their own argument (x, tensor), not q and k."""
+    gptj = fn.startswith("gptj")
+    x = randn((2, 5, 4, 16) if gptj else (2, 4, 5, 16), torch.float32, 1)
+    made = {"3d": x[0], "f64": x.double(), "grad": x.clone().requires_grad_(True),
+            "wide": randn((2, 5, 16), torch.float32, 2)}
+    cos = sin = randn((2, 5, 8 if gptj else 16), torch.float32, 3)
+    x = made.get(args.get("x"), x)
+    cos, sin = made.get(args.get("cos"), cos), made.get(args.get("sin"), sin)
+    f = getattr(rope_kernels.hf, "apply_rotary_pos_emb_" + fn)
+    unsqueeze_dim = cos if args.get("unsqueeze_dim") == "cos" else args.get("unsqueeze_dim", 1)
+    with pytest.raises(exc) as info:
+        f(x, sin, cos) if gptj else f(x, cos, sin, unsqueeze_dim)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
