@@ -911,6 +911,16 @@ CHANNEL_MULTIPLES = True
 FEW_K_HEAD_TILES = True
 PADDED_TRANSPOSED_PAIRS = True
 PARTIAL_128B_CACHE_TILES = True
+# One tensor a call (k of no heads: Gemma 4's and GPT-J's functions in rope_kernels.hf), 16-bit,
+# out of place, every channel of the rows given rotated: one token's heads a program, at least 4
+# of them and 2 KB, on a warp a KB (2 at least) (``_one_tensor_tile``). The rules for q and k
+# together gave these calls all-heads programs with an empty k block, or 8 tokens x 1 head. A
+# probe (H200, 3 shuffled rounds, not recorded; 10-13 tiles a shape, forward / backward, of
+# copy): Gemma 4's q of 8 heads of 512 at batch 4, 0.894 / 0.886 -> 0.929 / 0.924 (the best of
+# 11); its k of 4 heads of 256, 0.853 / 0.880 -> 0.883 / 0.879; q of 8 of 256 0.921 / 0.925 ->
+# 0.932 / 0.928 (the best of 13); k of 4 of 512 level (0.941 / 0.946 -> 0.942 / 0.940); GPT-J's
+# 16 heads of 64 rotated channels, 0.819 / 0.817 -> 0.832 / 0.832 (the best of 11).
+ONE_TENSOR_TILES = True
 # ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
 # not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),
 # Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp tiles before
@@ -1110,6 +1120,14 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     return dict(block_s=min(_next_pow2(max(1, seq_len)), rows // block_h), block_h=block_h,
                 num_warps=1 if one_warp is not None else 2, all_heads=False, whole_rows=True,
                 gather=True)
+
+
+def _one_tensor_tile(q_heads: int, row: int) -> dict:
+    """``ONE_TENSOR_TILES``' tile: one token, ``q_heads`` up to the larger of 4 heads and 2 KB of
+    them, a warp a KB of the tile (2 at least)."""
+    block_h = min(_next_pow2(q_heads), max(4, 2048 // row))
+    return dict(block_s=1, block_h=block_h, num_warps=max(2, block_h * row // 1024),
+                all_heads=False)
 
 
 def _few_k_rows(row_bytes: int, element_size: int, q_heads: int) -> bool:
@@ -1421,6 +1439,10 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
       token's 16 heads on 2 warps, not the all-heads program (StableLM 2 1.6B's 16 of 64, 32 / 32
       heads, 0.888 -> 0.978).
 
+    ``ONE_TENSOR_TILES``: one tensor a call (``k_heads`` 0: Gemma 4's and GPT-J's functions),
+    16-bit, out of place, the whole of each row rotated: ``_one_tensor_tile``, one token's heads a
+    program (Gemma 4's q of 8 heads of 512: 0.894 -> 0.929 of copy forward).
+
     GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
     Llama's (2): see ``_tile_angles``."""
     width = _next_pow2(head_dim)
@@ -1428,6 +1450,9 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     if _gathered_partners(head_dim, rotary_dim, interleaved, words, angles, narrowed):
         return _gathered_tile(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
                               transposed, narrowed)
+    if (ONE_TENSOR_TILES and on_gpu and k_heads == 0 and element_size == 2 and not in_place
+            and not transposed and rotary_dim in (None, head_dim)):
+        return _one_tensor_tile(q_heads, row)
     if (NARROWED_ROWS and on_gpu and narrowed and not interleaved and element_size == 4
             and min(q_heads, k_heads) >= 8 and width in (32, 64)):
         return dict(block_s=1 if width == 64 else 2, block_h=8, num_warps=2, all_heads=False,

@@ -986,3 +986,51 @@ def test_one_tensor_bad_input(fn, args, exc, words):
         f(x, sin, cos) if gptj else f(x, cos, sin, unsqueeze_dim)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("family,heads,head_dim,tile", [
+    ("gemma4", 8, 256, (1, 4, 2)),  # 2 KB of 4 heads
+    ("gemma4", 2, 256, (1, 2, 2)),  # all of its heads (1 KB), 2 warps at least
+    ("gemma4", 8, 512, (1, 4, 4)),  # 4 heads at least: 4 KB, a warp a KB
+    ("gemma4", 16, 128, (1, 8, 2)),  # 2 KB
+    ("gptj", 16, 64, (1, 16, 2)),  # 2 KB of 128 B rows (64 rotated channels, as words)
+])
+def test_one_tensor_tiles(family, heads, head_dim, tile, seed, gpu_plans, monkeypatch):
+    """The one-tensor calls (k of no heads) take ``ONE_TENSOR_TILES``' tile where a GPU plans
+    them (one token's heads a program: at least 4 heads and 2 KB, a warp a KB), in the
+    interpreter too, with results against transformers' function in float64 and gradients
+    against autograd through it; with the switch off, the tile of the q+k rules, the same values;
+    not in place, nor in float32."""
+    name, ours_fn, per_pair = ONE_TENSOR[family]
+    module = _modeling(name)
+    b, s = 2, 3
+    x = randn((b, s, heads, 2 * head_dim), torch.bfloat16, seed)[..., :head_dim]
+    cos, sin = (randn((b, s, head_dim // 2 if per_pair else head_dim), torch.bfloat16, seed + i)
+                for i in (1, 2))
+    results = {}
+    for switch in (True, False):
+        monkeypatch.setattr(rope_qk, "ONE_TENSOR_TILES", switch)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        xg = x.clone().requires_grad_(True)
+        out = _one_tensor_call(family, ours_fn, xg, cos, sin, 2)
+        (plan,) = rope_qk._PLANS.values()
+        c = plan.constexprs
+        if switch:
+            assert (c["BLOCK_S"], c["BLOCK_H"], plan.num_warps, c["ALL_HEADS"]) == (*tile, False)
+        x64 = x.double().requires_grad_(True)
+        exact = _one_tensor_call(family, module.apply_rotary_pos_emb, x64, cos.double(),
+                                 sin.double(), 2)
+        assert_rope_close(out.detach(), exact.detach(), torch.bfloat16, family)
+        weights = randn(out.shape, torch.float32, seed + 5)
+        (out * weights).sum().backward()
+        (exact * weights.to(torch.bfloat16).double()).sum().backward()
+        assert_rope_close(xg.grad, x64.grad, torch.bfloat16, "dx")
+        results[switch] = out.detach()
+    torch.testing.assert_close(results[True], results[False], rtol=0, atol=0)
+    gpu = lambda *a, **kw: rope_qk.default_config(*a[:5], True, *a[6:], **kw)
+    monkeypatch.setattr(rope_qk, "ONE_TENSOR_TILES", True)
+    for dtype_bytes, in_place in ((4, False), (2, True)):
+        cfg = gpu(s, heads, 0, head_dim, dtype_bytes, False, per_pair,
+                  rope_qk._tile_angles(3 if per_pair else 2, per_pair), head_dim, in_place)
+        assert cfg != rope_qk._one_tensor_tile(heads, head_dim * dtype_bytes), (dtype_bytes,
+                                                                              in_place)
