@@ -912,7 +912,7 @@ FEW_K_HEAD_TILES = True
 PADDED_TRANSPOSED_PAIRS = True
 PARTIAL_128B_CACHE_TILES = True
 # One tensor a call (k of no heads: Gemma 4's and GPT-J's functions in rope_kernels.hf), 16-bit,
-# out of place, every channel of the rows given rotated: one token's heads a program, at least 4
+# every channel of the rows given rotated, in place or not: one token's heads a program, at least 4
 # of them and 2 KB, on a warp a KB (2 at least) (``_one_tensor_tile``). The rules for q and k
 # together gave these calls all-heads programs with an empty k block, or 8 tokens x 1 head. A
 # probe (H200, 3 shuffled rounds, not recorded; 10-13 tiles a shape, forward / backward, of
@@ -1440,8 +1440,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
       heads, 0.888 -> 0.978).
 
     ``ONE_TENSOR_TILES``: one tensor a call (``k_heads`` 0: Gemma 4's and GPT-J's functions),
-    16-bit, out of place, the whole of each row rotated: ``_one_tensor_tile``, one token's heads a
-    program (Gemma 4's q of 8 heads of 512: 0.894 -> 0.929 of copy forward).
+    16-bit, the whole of each row rotated, in place or not: ``_one_tensor_tile``, one token's
+    heads a program (Gemma 4's q of 8 heads of 512: 0.894 -> 0.929 of copy forward).
 
     GPT-OSS's tables (``ANGLES`` 3 with half-split pairs) and NanoChat's (4) are planned as
     Llama's (2): see ``_tile_angles``."""
@@ -1450,8 +1450,8 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     if _gathered_partners(head_dim, rotary_dim, interleaved, words, angles, narrowed):
         return _gathered_tile(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
                               transposed, narrowed)
-    if (ONE_TENSOR_TILES and on_gpu and k_heads == 0 and element_size == 2 and not in_place
-            and not transposed and rotary_dim in (None, head_dim)):
+    if (ONE_TENSOR_TILES and on_gpu and k_heads == 0 and element_size == 2 and not transposed
+            and rotary_dim in (None, head_dim)):
         return _one_tensor_tile(q_heads, row)
     if (NARROWED_ROWS and on_gpu and narrowed and not interleaved and element_size == 4
             and min(q_heads, k_heads) >= 8 and width in (32, 64)):

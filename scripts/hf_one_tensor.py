@@ -21,12 +21,12 @@ Shapes, bf16, ``batch`` x ``tokens``:
 Rows, each timed with ``bench.time_ms`` (do_bench median, L2 flushed) in shuffled rounds:
 ``ours`` (forward), ``ours tiles before`` (the same call with ``ONE_TENSOR_TILES`` off, through
 a copy of the package's rope_qk.py: the A/B), ``ours backward`` and ``ours backward tiles before``
-(the kernel's backward call), ``ours in place`` (not under the rule), ``transformers`` (the
-family's own function, eager) and ``copy_same`` (a copy of the bytes ``ours`` moves). Both
-sides' results are compared bit for bit (``same_bits``). Bytes: x's rotated channels read and
-written, plus cos and sin read once. Before timing, ours is checked against transformers'
-function run in float64. ``decode``: 64 tokens of one sequence, back-to-back calls
-(``bench.time_per_call_us``, Python launch included).
+(the kernel's backward call), ``ours in place`` and ``ours in place tiles before``,
+``transformers`` (the family's own function, eager) and ``copy_same`` (a copy of the bytes
+``ours`` moves). Both sides' results out of place are compared bit for bit (``same_bits``).
+Bytes: x's rotated channels read and written, plus cos and sin read once. Before timing, ours is
+checked against transformers' function run in float64. ``decode``: 64 tokens of one sequence,
+back-to-back calls (``bench.time_per_call_us``, Python launch included).
 """
 
 from __future__ import annotations
@@ -93,20 +93,23 @@ def _inputs(shape: str, heads: int, batch: int, tokens: int, before=None, seed=0
     sides = None
     if before is not None:
         sides = (lambda: before.rope_cos_sin(x, k0, cos, sin, 2, pairs=pairs)[0],
-                 lambda: before.rope_cos_sin(x, k0, cos, sin, 2, backward=True, pairs=pairs))
+                 lambda: before.rope_cos_sin(x, k0, cos, sin, 2, backward=True, pairs=pairs),
+                 lambda: before.rope_cos_sin(x, k0, cos, sin, 2, pairs=pairs, q_out=x,
+                                             k_out=k0))
     return calls, backward, nbytes, sides
 
 
 def measure(shape: str, part: str, batch: int, rounds: int, copy_gbps: float,
             before) -> list[dict]:
     _, parts, head_dim, rotary_dim, tokens = SHAPES[shape]
-    (ours, ours_in_place, theirs), backward, nbytes, (old, old_backward) = _inputs(
+    (ours, ours_in_place, theirs), backward, nbytes, (old, old_backward, old_in_place) = _inputs(
         shape, parts[part], batch, tokens, before)
     same_bits = (torch.equal(ours(), old()) and torch.equal(backward()[0], old_backward()[0]))
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     calls = {"ours": ours, "ours tiles before": old, "ours backward": backward,
              "ours backward tiles before": old_backward, "ours in place": ours_in_place,
+             "ours in place tiles before": old_in_place,
              "transformers": theirs, "copy_same": lambda: dst.copy_(src)}
     times = bench.shuffled_times(calls, rounds)
     rows = []
@@ -117,7 +120,7 @@ def measure(shape: str, part: str, batch: int, rounds: int, copy_gbps: float,
                    rotary_dim=rotary_dim, batch=batch, tokens=tokens, call=name,
                    mbytes=nbytes / 1e6, time_us=median, spread_us=[min(us), max(us)],
                    of_copy=nbytes / (median * 1e-6) / 1e9 / copy_gbps)
-        if name in ("ours", "ours backward"):
+        if name in ("ours", "ours backward", "ours in place"):
             old_us = [ms * 1e3 for ms in times[f"{name} tiles before"]]
             row["speed_over_before"] = [o / a for a, o in zip(us, old_us)]  # per round
             row["same_bits"] = same_bits
@@ -149,7 +152,7 @@ def main(argv=None) -> None:
         for part in parts:
             for batch in args.batches:
                 rows += measure(shape, part, batch, args.rounds, copy_gbps, before)
-                for r in rows[-7:]:
+                for r in rows[-8:]:
                     print(f"{shape:15s} {part} b{batch:<3d} {r['call']:14s} "
                           f"{r['mbytes']:8.1f} MB {r['time_us']:8.1f} us {r['of_copy']:.3f}",
                           flush=True)

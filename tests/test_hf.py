@@ -1000,7 +1000,7 @@ def test_one_tensor_tiles(family, heads, head_dim, tile, seed, gpu_plans, monkey
     them (one token's heads a program: at least 4 heads and 2 KB, a warp a KB), in the
     interpreter too, with results against transformers' function in float64 and gradients
     against autograd through it; with the switch off, the tile of the q+k rules, the same values;
-    not in place, nor in float32."""
+    in place the same tile, not in float32."""
     name, ours_fn, per_pair = ONE_TENSOR[family]
     module = _modeling(name)
     b, s = 2, 3
@@ -1032,5 +1032,9 @@ def test_one_tensor_tiles(family, heads, head_dim, tile, seed, gpu_plans, monkey
     for dtype_bytes, in_place in ((4, False), (2, True)):
         cfg = gpu(s, heads, 0, head_dim, dtype_bytes, False, per_pair,
                   rope_qk._tile_angles(3 if per_pair else 2, per_pair), head_dim, in_place)
-        assert cfg != rope_qk._one_tensor_tile(heads, head_dim * dtype_bytes), (dtype_bytes,
-                                                                              in_place)
+        ours = cfg == rope_qk._one_tensor_tile(heads, head_dim * dtype_bytes)
+        assert ours == (dtype_bytes == 2), (dtype_bytes, in_place, cfg)
+    x_in = x.clone()
+    assert _one_tensor_call(family, getattr(rope_kernels.hf, ours_fn.__name__ + "_inplace"),
+                            x_in, cos, sin, 2) is x_in
+    assert torch.equal(x_in, results[True])  # (the plan above, in place: the same bits)
