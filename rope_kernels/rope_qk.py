@@ -919,7 +919,12 @@ PARTIAL_128B_CACHE_TILES = True
 # copy): Gemma 4's q of 8 heads of 512 at batch 4, 0.894 / 0.886 -> 0.929 / 0.924 (the best of
 # 11); its k of 4 heads of 256, 0.853 / 0.880 -> 0.883 / 0.879; q of 8 of 256 0.921 / 0.925 ->
 # 0.932 / 0.928 (the best of 13); k of 4 of 512 level (0.941 / 0.946 -> 0.942 / 0.940); GPT-J's
-# 16 heads of 64 rotated channels, 0.819 / 0.817 -> 0.832 / 0.832 (the best of 11).
+# 16 heads of 64 rotated channels, 0.819 / 0.817 -> 0.832 / 0.832 (the best of 11). Recorded
+# against the tiles before (scripts/hf_one_tensor.py, figures/hf_one_tensor_h200.json: H200, 3
+# shuffled rounds, 6 shapes, 3 of them held out, forward, backward and in place, batch 4 and 16):
+# 54 calls 0.974-2.192 times the speed (median 1.018), the same bits; CodeGen 350M's 64 B rows
+# 1.540-2.192; 10 calls slower by up to 2.6% (q of 16 heads of 128 forward 0.984, where the
+# loads-first program of all 16 led).
 ONE_TENSOR_TILES = True
 # ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
 # not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),

@@ -805,3 +805,45 @@ def test_qk_few_k_transposed_recording_is_quoted_as_recorded(monkeypatch):
     assert rope_qk.FEW_K_TRANSPOSED_TILES == ((192, 1, (8, 4, 2)), (224, 1, (4, 2, 1)),
                                               (320, 1, (2, 4, 1)), (160, 2, (4, 4, 2)),
                                               (320, 2, (4, 2, 1)))
+
+
+def test_hf_one_tensor_recording_is_quoted_as_recorded():
+    """figures/hf_one_tensor_h200.json (scripts/hf_one_tensor.py): the one-tensor functions on
+    ``ONE_TENSOR_TILES``' tiles against the tiles before them. The same bits at every shape; the
+    notes' table has every row's fractions both ways; the 54 calls' range and median (per-round
+    ratios' medians) in the notes, the README, recorded_results and the kernel file; the held-out
+    shapes' range and median, the calls that lost, and Gemma 4's batch-16 fractions as quoted."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "hf_one_tensor_h200.json").read_text())
+    assert record["provenance"]["source_commit"] == "d3af106"
+    rows = [r for r in record["rows"] if "of_copy" in r]
+    by = {(r["shape"], r["part"], r["batch"], r["call"]): r for r in rows}
+    cases = sorted({k[:3] for k in by})
+    ratios, held = [], []
+    for case in cases:
+        assert by[case + ("ours",)]["same_bits"], case
+        for call in ("ours", "ours backward", "ours in place"):
+            after, before = by[case + (call,)], by[case + (call + " tiles before",)]
+            assert f"{before['of_copy']:.3f} -> {after['of_copy']:.3f}" in NOTES, (case, call)
+            ratio = statistics.median(after["speed_over_before"])
+            ratios.append(ratio)
+            if case[0] in ("gemma3n", "heads of 128", "codegen 350M"):
+                held.append(ratio)
+    assert len(ratios) == 54 and len(held) == 24
+    quoted = f"{_span(ratios)} times the speed before, median {statistics.median(ratios):.3f}"
+    assert quoted in NOTES
+    assert f"{_span(held)}, median {statistics.median(held):.3f}" in NOTES
+    assert "10 calls are slower" in NOTES and sum(r < 1 for r in ratios) == 10
+    span, median = _span(ratios), f"{statistics.median(ratios):.3f}"
+    assert f"{span} times as fast as the q+k rules' at 54 calls (median\n{median}" in README
+    assert f"{span} times the speed (median {median})" in RECORDED
+    source = (ROOT / "rope_kernels" / "rope_qk.py").read_text()
+    assert f"# 54 calls {span} times the speed (median {median})" in source
+    gemma16 = [by[(shape, part, 16, "ours")]["of_copy"]
+               for shape in ("gemma4 sliding", "gemma4 full") for part in ("q", "k")]
+    copies = [by[(shape, part, 16, "copy_same")]["of_copy"]
+              for shape in ("gemma4 sliding", "gemma4 full") for part in ("q", "k")]
+    assert f"{_span(gemma16)} of copy" in README and f"{_span(gemma16)} of copy" in NOTES
+    assert f"a copy of the same bytes at\n  {_span(copies)}" in NOTES
+    assert rope_qk.ONE_TENSOR_TILES is True
