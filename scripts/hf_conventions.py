@@ -103,6 +103,34 @@ def _checked_call(family: str, batch: int, tokens: int):
     return shape, ours, llama, theirs, pairs, (q, k, cos, sin), (lcos, lsin)
 
 
+def timing_fields(ms: list, nbytes: int, copy_gbps: float) -> dict:
+    """A row's timing of ``nbytes`` from its milliseconds per round: the median in us, the
+    spread, the fraction of copy (this script's and ``hf_one_tensor.py``'s rows)."""
+    us = [t * 1e3 for t in ms]
+    median = statistics.median(us)
+    return dict(mbytes=nbytes / 1e6, time_us=median, spread_us=[min(us), max(us)],
+                of_copy=nbytes / (median * 1e-6) / 1e9 / copy_gbps)
+
+
+def write_record(path: pathlib.Path, copy_gbps: float, mode: str, argv, rounds: int,
+                 bytes_counted: str, rows: list) -> None:
+    """The JSON record of a run of ``scripts/{mode}.py``: its provenance (the transformers
+    version, the bytes counted and the timing too) and ``rows``."""
+    prov = bench.provenance(copy_gbps, mode)
+    prov["command"] = f"python scripts/{mode}.py " + " ".join(argv or sys.argv[1:])
+    import transformers
+
+    prov["transformers"] = transformers.__version__
+    prov["bytes"] = bytes_counted
+    prov["timing"] = (f"triton.testing.do_bench median over {rounds} shuffled rounds (L2 "
+                      "flushed per call); decode: back-to-back calls timed with CUDA events, "
+                      "Python launch included, fastest of 4 rounds. ours backward: the kernel's "
+                      "backward call directly")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1) + "\n")
+    print("wrote", path)
+
+
 def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict]:
     shape, ours, llama, theirs, pairs, (q, k, cos, sin), (lcos, lsin) = _checked_call(
         family, batch, TOKENS)
@@ -120,14 +148,8 @@ def measure(family: str, batch: int, rounds: int, copy_gbps: float) -> list[dict
     dst = torch.empty_like(src)
     calls["copy_same"] = (lambda: dst.copy_(src), qk_bytes + table)
     times = bench.shuffled_times({name: fn for name, (fn, _) in calls.items()}, rounds)
-    rows = []
-    for name, (_, nbytes) in calls.items():
-        us = [ms * 1e3 for ms in times[name]]
-        median = statistics.median(us)
-        rows.append(dict(**shape, call=name, mbytes=nbytes / 1e6, time_us=median,
-                         spread_us=[min(us), max(us)],
-                         of_copy=nbytes / (median * 1e-6) / 1e9 / copy_gbps))
-    return rows
+    return [dict(**shape, call=name, **timing_fields(times[name], nbytes, copy_gbps))
+            for name, (_, nbytes) in calls.items()]
 
 
 def decode(family: str) -> list[dict]:
@@ -156,20 +178,9 @@ def main(argv=None) -> None:
         rows += decode(family)
         for r in rows[-3:]:
             print(f"{family:15s} {r['call']:20s} {r['us_per_call']:.1f} us", flush=True)
-    prov = bench.provenance(copy_gbps, "hf_conventions")
-    prov["command"] = "python scripts/hf_conventions.py " + " ".join(argv or sys.argv[1:])
-    import transformers
-
-    prov["transformers"] = transformers.__version__
-    prov["bytes"] = ("q and k read and written, plus the call's cos and sin read once (bf16; "
-                     "Llama's call of ours: the duplicated table of one entry per channel)")
-    prov["timing"] = (f"triton.testing.do_bench median over {args.rounds} shuffled rounds (L2 "
-                      "flushed per call); decode: back-to-back calls timed with CUDA events, "
-                      "Python launch included, fastest of 4 rounds. ours backward: the kernel's "
-                      "backward call directly")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1) + "\n")
-    print("wrote", args.out)
+    write_record(args.out, copy_gbps, "hf_conventions", argv, args.rounds,
+                 "q and k read and written, plus the call's cos and sin read once (bf16; "
+                 "Llama's call of ours: the duplicated table of one entry per channel)", rows)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -45,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import rope_kernels.hf as hf  # noqa: E402
+from hf_conventions import timing_fields, write_record  # noqa: E402
 from qk_table_hint import flag_off_copy  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 
@@ -114,15 +113,12 @@ def measure(shape: str, part: str, batch: int, rounds: int, copy_gbps: float,
     times = bench.shuffled_times(calls, rounds)
     rows = []
     for name in calls:
-        us = [ms * 1e3 for ms in times[name]]
-        median = statistics.median(us)
         row = dict(shape=shape, part=part, heads=parts[part], head_dim=head_dim,
                    rotary_dim=rotary_dim, batch=batch, tokens=tokens, call=name,
-                   mbytes=nbytes / 1e6, time_us=median, spread_us=[min(us), max(us)],
-                   of_copy=nbytes / (median * 1e-6) / 1e9 / copy_gbps)
+                   **timing_fields(times[name], nbytes, copy_gbps))
         if name in ("ours", "ours backward", "ours in place"):
-            old_us = [ms * 1e3 for ms in times[f"{name} tiles before"]]
-            row["speed_over_before"] = [o / a for a, o in zip(us, old_us)]  # per round
+            row["speed_over_before"] = [before_ms / ms for ms, before_ms in  # per round
+                                        zip(times[name], times[f"{name} tiles before"])]
             row["same_bits"] = same_bits
         rows.append(row)
     return rows
@@ -159,19 +155,8 @@ def main(argv=None) -> None:
         rows += decode(shape)
         for r in rows[-2:]:
             print(f"{shape:15s} {r['call']:20s} {r['us_per_call']:.1f} us", flush=True)
-    prov = bench.provenance(copy_gbps, "hf_one_tensor")
-    prov["command"] = "python scripts/hf_one_tensor.py " + " ".join(argv or sys.argv[1:])
-    import transformers
-
-    prov["transformers"] = transformers.__version__
-    prov["bytes"] = "x's rotated channels read and written, plus cos and sin read once (bf16)"
-    prov["timing"] = (f"triton.testing.do_bench median over {args.rounds} shuffled rounds (L2 "
-                      "flushed per call); decode: back-to-back calls timed with CUDA events, "
-                      "Python launch included, fastest of 4 rounds. ours backward: the kernel's "
-                      "backward call directly")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1) + "\n")
-    print("wrote", args.out)
+    write_record(args.out, copy_gbps, "hf_one_tensor", argv, args.rounds,
+                 "x's rotated channels read and written, plus cos and sin read once (bf16)", rows)
 
 
 if __name__ == "__main__":
