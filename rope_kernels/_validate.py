@@ -433,11 +433,6 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs, one=None) -> None:
     if rotary_dim == 0 or rotary_dim % 2 or rotary_dim > d:
         raise ValueError(f"cos.shape[-1] (rotary_dim) must be even, positive and <= head_dim "
                          f"({d}), got {rotary_dim}")
-    if pairs == "interleaved" and rotary_dim != d:
-        raise ValueError(f"cos.shape[-1] must equal head_dim ({d}) for interleaved pairs with "
-                         f"cos and sin per channel (transformers' Cohere function multiplies q "
-                         f"by cos whole), got {rotary_dim}; for GLM's partial rotary use "
-                         f"rope_kernels.hf.apply_rotary_pos_emb_glm")
     for name, x in (("k", k), ("cos", cos), ("sin", sin)):
         _same_device(name, x, q.device)
 

@@ -16,7 +16,7 @@ results of transformers' own, q and k in one launch, differentiable and traceabl
   Mistral, Qwen, Gemma, Phi-3, GPT-NeoX and the many that copy Llama's function.
 - ``apply_rotary_pos_emb_interleaved``: Cohere's (Cohere, Cohere2, BLT, GLM-4V, GLM-OCR, Ernie 4.5
   VL): channels 2j and 2j+1 paired, cos and sin of each channel as given (their rotary module
-  repeat_interleaves them).
+  repeat_interleaves them); cos narrower than the head rotates part of it (GLM-4V's, GLM-OCR's).
 - ``apply_rotary_pos_emb_glm``: GLM's (GLM, GLM-4, Helium, Ernie 4.5, Moonshine): channels 2j
   and 2j+1 paired over the first ``cos.shape[-1]`` channels, pair j's cos and sin read at channel
   j of cos and sin in Llama's layout (their function takes the first half and repeat_interleaves
@@ -120,11 +120,12 @@ def apply_rotary_pos_emb_interleaved(q: torch.Tensor, k: torch.Tensor, cos: torc
     """RoPE on q and k with the model's cos and sin, as ``transformers``' Cohere function:
     channels 2j and 2j+1 rotated together, each channel by its own cos and sin entry (the
     model's rotary module repeat_interleaves them, so both channels of a pair read the same
-    angle).
+    angle). With cos narrower than the head, the first ``cos.shape[-1]`` channels are rotated and
+    the rest copied, as GLM-4V's and GLM-OCR's function does (Cohere's multiplies q by cos whole,
+    so its cos covers the head).
 
-    Args and returns as ``apply_rotary_pos_emb``, but ``cos`` and ``sin`` cover the whole head
-    (``rotary_dim == head_dim``: transformers multiplies q by cos whole). Computed in float32
-    and returned in q's dtype, as Cohere's function does.
+    Args and returns as ``apply_rotary_pos_emb``. Computed in float32 and returned in q's dtype,
+    as Cohere's function does.
     """
     return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
 

@@ -476,9 +476,8 @@ BAD = [
     ("k of another head_dim", dict(k="narrow"), ValueError, ["k must match q"]),
     ("float64 q", dict(q="f64"), TypeError, ["q must have dtype", "torch.float64"]),
     ("sin of another shape", dict(sin="short"), ValueError, ["cos and sin must have one shape"]),
-    ("interleaved, cos narrower than head_dim", dict(cos="half", sin="half", fn="interleaved"),
-     ValueError, ["cos.shape[-1] must equal head_dim (16) for interleaved pairs", "got 8",
-                  "apply_rotary_pos_emb_glm"]),
+    ("interleaved, cos wider than head_dim", dict(cos="wide", sin="wide", fn="interleaved"),
+     ValueError, ["rotary_dim) must be even, positive and <= head_dim (16)", "32"]),
     ("glm, cos wider than head_dim", dict(cos="wide", sin="wide", fn="glm"), ValueError,
      ["rotary_dim) must be even, positive and <= head_dim (16)", "32"]),
     ("gpt_oss, cos of one entry per channel", dict(fn="half_per_pair"), ValueError,
@@ -759,6 +758,34 @@ def test_named_families_use_the_pairing_we_name(ours, name, seed):
         except ValueError:  # (cos of the other width)
             continue
         assert not all(torch.allclose(o, w, atol=1e-3) for o, w in zip(wrong, want)), other
+
+
+@pytest.mark.parametrize("name", ["glm4v", "glm_ocr"])
+def test_glm4v_partial_rotary_is_the_interleaved_function(name, seed):
+    """GLM-4V's and GLM-OCR's function pairs adjacent channels by cos and sin of each channel,
+    as Cohere's, and with cos narrower than the head rotates its first ``cos.shape[-1]``
+    channels and copies the rest (a ``partial_rotary_factor`` under 1): ours computes it at half
+    the head, values and gradients, results contiguous as theirs (``torch.cat``); GLM's function
+    of ours, which reads pair j's angle at channel j of Llama's layout, gives other numbers."""
+    theirs = _their_function(name)
+    q, k, cos, sin = _random_call(seed, width=8)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    got = rope_kernels.hf.apply_rotary_pos_emb_interleaved(q, k, cos, sin)
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    exact = theirs(q64, k64, cos.double(), sin.double())
+    want = theirs(q.detach(), k.detach(), cos, sin)
+    for g, w, e in zip(got, want, exact, strict=True):
+        torch.testing.assert_close(g.detach(), w, rtol=1e-5, atol=1e-5)
+        assert_rope_close(g.detach(), e.detach(), torch.float32)
+        assert g.is_contiguous()
+    weights = [randn(g.shape, seed=seed + 7 + i) for i, g in enumerate(got)]
+    sum((g * w).sum() for g, w in zip(got, weights)).backward()
+    sum((e * w.double()).sum() for e, w in zip(exact, weights)).backward()
+    for x, x64 in ((q, q64), (k, k64)):
+        assert_rope_close(x.grad, x64.grad, torch.float32, "grad")
+    wrong = rope_kernels.hf.apply_rotary_pos_emb_glm(q.detach(), k.detach(), cos, sin)
+    assert not torch.allclose(wrong[0], want[0], atol=1e-3)
 
 
 def _logits(model, ids):
