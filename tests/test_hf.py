@@ -848,6 +848,20 @@ def _double_angle(theirs):
     return rotate
 
 
+@pytest.mark.parametrize("rope_channels", [8, 16])
+def test_no_function_of_ours_computes_deepseek_v4s(rope_channels, seed):
+    """DeepSeek V4's function, ``apply_rotary_pos_emb(x, cos, sin)``, rotates the last
+    ``2 * cos.shape[-1]`` channels of each head (its heads are laid out [nope | rope]): on such a
+    call every function of ours that ``patch`` tries refuses it or gives other numbers, so
+    ``patch`` would assign none (the README names it as a call it refuses)."""
+    theirs = _modeling("deepseek_v4").apply_rotary_pos_emb
+    x = randn((1, 4, 8, 16), torch.float32, seed)
+    cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
+    distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
+    assert len(distances) == 8
+    assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
+
+
 def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
     """Where no function of ours computes the model's (a rotation by 2 theta), or the call cannot
     tell them apart (one token), or the model has no such function (GPT-2), ``patch`` raises a
