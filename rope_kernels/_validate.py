@@ -376,9 +376,9 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
 def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half", one=None) -> None:
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature;
     ``pairs``: which of rope_kernels.hf's functions (rope_qk.HF_PAIRS' keys: "half",
-    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "half_negated"). ``one``: for
-    a function that rotates one tensor (Gemma 4's, GPT-J's), its argument's name; that tensor is
-    ``q``, and ``k`` is not checked (the caller makes it: none of q's heads)."""
+    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "half_negated", "deepseek").
+    ``one``: for a function that rotates one tensor (Gemma 4's, GPT-J's), its argument's name;
+    that tensor is ``q``, and ``k`` is not checked (the caller makes it: none of q's heads)."""
     sig = None
     if all(isinstance(x, torch.Tensor) for x in (q, cos, sin)) and (
             one is not None or isinstance(k, torch.Tensor)):
@@ -433,6 +433,11 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs, one=None) -> None:
     if rotary_dim == 0 or rotary_dim % 2 or rotary_dim > d:
         raise ValueError(f"cos.shape[-1] (rotary_dim) must be even, positive and <= head_dim "
                          f"({d}), got {rotary_dim}")
+    if pairs == "deepseek" and rotary_dim != d:
+        raise ValueError(f"cos.shape[-1] must be head_dim ({d}) for "
+                         f"apply_rotary_pos_emb_deepseek, which rotates the whole head as "
+                         f"DeepSeek V3's apply_rotary_pos_emb_interleave does (pass the rotary "
+                         f"slices of q and k, as its attention does), got {rotary_dim}")
     for name, x in (("k", k), ("cos", cos), ("sin", sin)):
         _same_device(name, x, q.device)
 

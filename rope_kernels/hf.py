@@ -29,6 +29,20 @@ results of transformers' own, q and k in one launch, differentiable and traceabl
 - ``apply_rotary_pos_emb_nanochat``: NanoChat's: Llama's pairs and tables, rotated by -theta (its
   ``rotate_half`` returns ``cat(x2, -x1)``, the opposite sign of Llama's).
 
+One more takes q and k, under a name of its own:
+
+- ``apply_rotary_pos_emb_deepseek(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``: DeepSeek
+  V3's ``apply_rotary_pos_emb_interleave``, which 11 more of transformers 5.24's modeling modules
+  copy (``deepseek_v32``, ``glm4_moe_lite``, ``glm_moe_dsa``, ``longcat_flash``, ``mistral4``,
+  ``mistral_large4``, ``bailing_hybrid``, ``youtu``, ``axk1``, ``axk2``, ``dots3_note``;
+  ``tests/test_hf.py`` checks each): their attention calls it, not
+  ``apply_rotary_pos_emb``, when ``config.rope_interleave`` is set (DeepSeek V3's default), on the
+  rotary slice of q and k. Channels 2j and 2j+1 paired by pair j's cos and sin read at channel j
+  (GLM's), and each pair's results written to channels j and j + d/2: the rotation, then the
+  channels de-interleaved (the same permutation of q and k leaves q . k unchanged). The whole
+  head is rotated; k may be None (Mistral Large 4's layers that share another's keys), then
+  ``(q_embed, None)``.
+
 Two more rotate one tensor a call, with signatures of their own:
 
 - ``apply_rotary_pos_emb_gemma4(x, cos, sin, unsqueeze_dim=1)``: Gemma 3n's and Gemma 4's (Gemma 4
@@ -52,9 +66,10 @@ that need a gradient (the out-of-place function is the differentiable one).
 
 ``patch(model)`` does the choosing and the assigning for a model instance: it runs the model once
 on a few tokens, takes the arguments of the first call its attention makes to its module's
-``apply_rotary_pos_emb``, and assigns the one function of ours that computes transformers' result
-on them (checked against transformers' function in float64); it raises, and changes nothing,
-where none does or where the call cannot tell them apart. ``unpatch(model)`` puts transformers'
+``apply_rotary_pos_emb`` (and ``apply_rotary_pos_emb_interleave``), and assigns the one function
+of ours that computes transformers' result on them (checked against transformers' function in
+float64); it raises, and changes nothing, where none does or where the call cannot tell them
+apart. ``unpatch(model)`` puts transformers'
 functions back.
 """
 
@@ -79,7 +94,8 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
            "apply_rotary_pos_emb_nanochat_inplace", "apply_rotary_pos_emb_gemma4",
            "apply_rotary_pos_emb_gemma4_inplace", "apply_rotary_pos_emb_gptj",
-           "apply_rotary_pos_emb_gptj_inplace", "patch", "unpatch", "Patched"]
+           "apply_rotary_pos_emb_gptj_inplace", "apply_rotary_pos_emb_deepseek",
+           "apply_rotary_pos_emb_deepseek_inplace", "patch", "unpatch", "Patched"]
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
@@ -88,7 +104,8 @@ _IN_PLACE_NAMES = {"half": "apply_rotary_pos_emb_inplace",
                    "glm": "apply_rotary_pos_emb_glm_inplace",
                    "half_per_pair": "apply_rotary_pos_emb_gpt_oss_inplace",
                    "interleaved_per_pair": "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
-                   "half_negated": "apply_rotary_pos_emb_nanochat_inplace"}
+                   "half_negated": "apply_rotary_pos_emb_nanochat_inplace",
+                   "deepseek": "apply_rotary_pos_emb_deepseek_inplace"}
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -181,6 +198,51 @@ def apply_rotary_pos_emb_nanochat(q: torch.Tensor, k: torch.Tensor, cos: torch.T
     head, as there).
     """
     return _apply(q, k, cos, sin, unsqueeze_dim, "half_negated")
+
+
+def apply_rotary_pos_emb_deepseek(q: torch.Tensor, k: Optional[torch.Tensor], cos: torch.Tensor,
+                                  sin: torch.Tensor, position_ids=None, unsqueeze_dim: int = 1):
+    """RoPE on q and k with the model's cos and sin, as ``transformers``' DeepSeek V3 function
+    ``apply_rotary_pos_emb_interleave`` (called where ``config.rope_interleave`` is set): channels
+    2j and 2j+1 rotated together by pair j's cos and sin, read at channel j of cos and sin in
+    Llama's layout (``cat(freqs, freqs)``: the first half), and the pair's two results written
+    to channels j and j + d/2 (``cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin])`` of the even
+    and odd channels q1, q2). Assign it over that name::
+
+        import transformers.models.deepseek_v3.modeling_deepseek_v3 as deepseek_v3
+        deepseek_v3.apply_rotary_pos_emb_interleave = rope_kernels.hf.apply_rotary_pos_emb_deepseek
+
+    Args:
+        q: ``[b, h_q, s, d]`` (``unsqueeze_dim=1``) or ``[b, s, h_q, d]`` (``unsqueeze_dim=2``): the
+            rotary slice of the queries (``qk_rope_head_dim`` channels), any strides.
+        k: the same with its own head count (DeepSeek's one shared key head), or None (Mistral
+            Large 4's function, which takes None where a layer reuses another's rotated keys).
+        cos, sin: ``[b, s, d]`` (or ``[s, d]``, or batch 1 for all), Llama's layout; only the
+            first half is read, as transformers' function reads it. ``cos.shape[-1]`` must be d
+            (transformers' function broadcasts its first half against q's d/2 even channels).
+        position_ids: ignored, as transformers' function ignores it (it is in its signature).
+        unsqueeze_dim: the axis of q and k that holds the heads.
+
+    Returns:
+        New ``(q_embed, k_embed)`` (``k_embed`` None where k is None), laid out like q and k
+        (transformers' end in ``torch.cat``, so are contiguous; the values are the same).
+        Computed in float32. Differentiable with respect to q and k.
+    """
+    if k is None:
+        return _apply_one(q, cos, sin, unsqueeze_dim, "deepseek", "q"), None
+    return _apply(q, k, cos, sin, unsqueeze_dim, "deepseek")
+
+
+def apply_rotary_pos_emb_deepseek_inplace(q: torch.Tensor, k: Optional[torch.Tensor],
+                                          cos: torch.Tensor, sin: torch.Tensor, position_ids=None,
+                                          unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_deepseek`` writing into q and k (k may be None), as
+    ``apply_rotary_pos_emb_inplace``: returns ``(q, k)``, the tensors given, rotated, with each
+    pair's results in channels j and j + d/2 of its head."""
+    if k is None:
+        return _apply_one(q, cos, sin, unsqueeze_dim, "deepseek", "q",
+                          "apply_rotary_pos_emb_deepseek_inplace"), None
+    return _apply(q, k, cos, sin, unsqueeze_dim, "deepseek", True)
 
 
 def apply_rotary_pos_emb_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -376,27 +438,34 @@ _ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 # sin (in the model's dtype), with room; a function of the other pairing or sign is off by about
 # the size of the results themselves.
 _PATCH_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-_ORIGINALS: dict = {}  # modeling module -> transformers' function, while ours is assigned there
+# The names under which transformers' attention calls a modeling module's rotation of q and k:
+# DeepSeek V3's (and its copies') calls the second where ``config.rope_interleave`` is set.
+_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+# (modeling module, name) -> transformers' function, while one of ours is assigned there
+_ORIGINALS: dict = {}
 
 
 class Patched(NamedTuple):
-    """One modeling module whose ``apply_rotary_pos_emb`` ``patch`` replaced: ``ours`` is there
-    now, ``theirs`` (transformers' function) was."""
+    """One function of a modeling module that ``patch`` replaced: ``ours`` is there now under
+    ``name`` (``apply_rotary_pos_emb``, or DeepSeek V3's ``apply_rotary_pos_emb_interleave``),
+    ``theirs`` (transformers' function) was."""
 
     module: types.ModuleType
     ours: Callable
     theirs: Callable
+    name: str = "apply_rotary_pos_emb"
 
 
-def _modeling_modules(model: torch.nn.Module) -> list:
-    """The Python modules of the model's submodules' classes that have an
-    ``apply_rotary_pos_emb`` (where their attention looks it up), in the model's order."""
+def _modeling_functions(model: torch.nn.Module) -> list:
+    """(module, name) for each function of ``_NAMES`` in the Python modules of the model's
+    submodules' classes (where their attention looks it up), in the model's order."""
     found = []
     for sub in model.modules():
         module = sys.modules.get(type(sub).__module__)
-        if (module is not None and module not in found
-                and callable(getattr(module, "apply_rotary_pos_emb", None))):
-            found.append(module)
+        for name in _NAMES:
+            if (module is not None and (module, name) not in found
+                    and callable(getattr(module, name, None))):
+                found.append((module, name))
     return found
 
 
@@ -445,23 +514,26 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     computes it, chosen by computing both.
 
     Runs ``model(**example_inputs)`` once under ``torch.no_grad()`` (by default 8 token ids,
-    ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` of each module that
-    defines the model's classes, and takes the arguments of the first call to each: q, k and the
-    model's own cos and sin, as its attention passes them. Each of our eight functions is called on
+    ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` (and DeepSeek V3's
+    ``apply_rotary_pos_emb_interleave``) of each module that defines the model's classes, and
+    takes the arguments of the first call to each: q, k and the model's own cos and sin, as its
+    attention passes them. Each of our nine functions is called on
     them and compared with transformers' function on the same arguments in float64; the one
     within the rounding of q's dtype is assigned (its ``_inplace`` variant with ``inplace=True``:
     for generation and serving, no gradient). Calling it again re-chooses; ``unpatch`` undoes it.
 
     Args:
         model: a ``torch.nn.Module`` whose attention calls its module's ``apply_rotary_pos_emb``
-            (the eager and SDPA attention of transformers' models).
+            or ``apply_rotary_pos_emb_interleave`` (the eager and SDPA attention of
+            transformers' models).
         inplace: assign the ``_inplace`` variant (it refuses q and k that need a gradient).
         example_inputs: keyword arguments for ``model``'s forward, in place of the 8 token ids
             (a model that needs other inputs). Its tokens must include positions other than 0
             (at position 0 every rotation is the identity).
 
     Returns:
-        A ``Patched(module, ours, theirs)`` for each module whose function was replaced.
+        A ``Patched(module, ours, theirs, name)`` for each function that was replaced (the
+        functions its forward did not call are left as they are).
 
     Raises:
         TypeError: ``model`` is not a ``torch.nn.Module``.
@@ -474,25 +546,25 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"patch: model must be a torch.nn.Module (a transformers model), got "
                         f"{type(model).__name__}")
-    modules = _modeling_modules(model)
-    if not modules:
+    functions = _modeling_functions(model)
+    if not functions:
         raise ValueError(
             f"patch: none of the modules that define {type(model).__name__}'s classes has an "
             f"apply_rotary_pos_emb function: this model does not rotate q and k through one "
             f"(no RoPE, or RoPE computed another way), so there is nothing to replace")
-    current = {module: module.apply_rotary_pos_emb for module in modules}
+    current = {(module, name): getattr(module, name) for module, name in functions}
     captured: dict = {}
 
-    def recorder(module, fn):
+    def recorder(where, fn):
         def record(*args, **kwargs):
-            captured.setdefault(module, (args, kwargs))
+            captured.setdefault(where, (args, kwargs))
             return fn(*args, **kwargs)
         return record
 
     inputs = example_inputs if example_inputs is not None else _example_inputs(model)
     try:
-        for module in modules:
-            module.apply_rotary_pos_emb = recorder(module, current[module])
+        for module, name in functions:
+            setattr(module, name, recorder((module, name), current[module, name]))
         with torch.no_grad():
             model(**inputs)
     except Exception as e:
@@ -502,16 +574,18 @@ def patch(model: torch.nn.Module, inplace: bool = False,
                            f"(input_ids [1, 8]): pass example_inputs, the keyword arguments of "
                            f"a forward that runs its attention") from e
     finally:
-        for module in modules:
-            module.apply_rotary_pos_emb = current[module]
+        for module, name in functions:
+            setattr(module, name, current[module, name])
     if not captured:
         raise ValueError(
-            f"patch: {type(model).__name__}'s forward called the apply_rotary_pos_emb of none of "
-            f"{[m.__name__ for m in modules]}: its attention rotates q and k another way (an "
-            f"attention implementation with RoPE of its own?), so there is nothing to replace")
+            f"patch: {type(model).__name__}'s forward called none of "
+            f"{[f'{m.__name__}.{n}' for m, n in functions]}: its attention rotates q and k "
+            f"another way (an attention implementation with RoPE of its own?), so there is "
+            f"nothing to replace")
     chosen = []
-    for module, (args, kwargs) in captured.items():
-        theirs = _ORIGINALS.get(module, current[module])  # transformers', if ours is there now
+    for (module, name), (args, kwargs) in captured.items():
+        # transformers' function, if ours is there now
+        theirs = _ORIGINALS.get((module, name), current[module, name])
         distances = _distances(theirs, args, kwargs)
         q = args[0] if args else kwargs.get("q")
         tolerance = _PATCH_TOLERANCE.get(getattr(q, "dtype", None), 1e-4)
@@ -522,31 +596,32 @@ def patch(model: torch.nn.Module, inplace: bool = False,
         if not matches:
             raise ValueError(
                 f"patch: no function of rope_kernels.hf computes {module.__name__}."
-                f"apply_rotary_pos_emb on the call its model made (distance from it, relative to "
+                f"{name} on the call its model made (distance from it, relative to "
                 f"the largest result, tolerance {tolerance:g}; or why it refused: {shown}); "
                 f"nothing was assigned")
         if len(matches) > 1:
             raise ValueError(
                 f"patch: {[ours.__name__ for ours in matches]} all compute "
-                f"{module.__name__}.apply_rotary_pos_emb on the call its model made, so it cannot "
+                f"{module.__name__}.{name} on the call its model made, so it cannot "
                 f"tell which one the model's is: pass example_inputs with more tokens (at position "
                 f"0 every rotation is the identity); nothing was assigned")
         ours = _IN_PLACE_OF[matches[0]] if inplace else matches[0]
-        chosen.append(Patched(module, ours, theirs))
-    for module, ours, theirs in chosen:
-        module.apply_rotary_pos_emb = ours
-        _ORIGINALS[module] = theirs
+        chosen.append(Patched(module, ours, theirs, name))
+    for module, ours, theirs, name in chosen:
+        setattr(module, name, ours)
+        _ORIGINALS[module, name] = theirs
     return chosen
 
 
 def unpatch(model: torch.nn.Module) -> list:
-    """Put transformers' ``apply_rotary_pos_emb`` back in every module of ``model``'s where
-    ``patch`` assigned one of ours; returns those modules (none if it was not patched)."""
+    """Put transformers' functions back in every module of ``model``'s where ``patch`` assigned
+    one of ours; returns those modules (none if it was not patched)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"unpatch: model must be a torch.nn.Module, got {type(model).__name__}")
     restored = []
-    for module in _modeling_modules(model):
-        if module in _ORIGINALS and module.apply_rotary_pos_emb in _ALL_OURS:
-            module.apply_rotary_pos_emb = _ORIGINALS.pop(module)
-            restored.append(module)
+    for module, name in _modeling_functions(model):
+        if (module, name) in _ORIGINALS and getattr(module, name) in _ALL_OURS:
+            setattr(module, name, _ORIGINALS.pop((module, name)))
+            if module not in restored:
+                restored.append(module)
     return restored

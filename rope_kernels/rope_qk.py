@@ -80,12 +80,14 @@ def _fast_sincos(x):
 @triton.jit
 def _pairs(rotary_dim, INTERLEAVED: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
     """Pair index j [HALF], its mask, and the pair's two channels: half-split (GPT-NeoX) pairs j
-    with j + rotary_dim/2; interleaved (GPT-J) pairs 2j with 2j+1."""
+    with j + rotary_dim/2; interleaved (GPT-J) pairs 2j with 2j+1 (INTERLEAVED 1 and 2; 3 and 4
+    read or write their interleaved side as words, pair j word j, so these are the channels of
+    their half-split side)."""
     j = tl.arange(0, HALF)
     j_mask = j < rotary_dim // 2
     if INT64:
         j = j.to(tl.int64)
-    if INTERLEAVED:
+    if INTERLEAVED == 1 or INTERLEAVED == 2:
         c1 = 2 * j
         c2 = 2 * j + 1
     else:
@@ -400,17 +402,17 @@ def _load_tile(
                                      x_u, INT64, BLOCK_H)
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         mask = row_mask & j_mask[None, None, :]
-        if INTERLEAVED == 2:
+        if INTERLEAVED == 2 or INTERLEAVED == 3:
             # Pair j of a row is word j of it (the launcher passes strides in words, the channel
             # stride 1): loads as wide as the half-split ones, and no shuffle of registers.
             x1, x2 = _load_pairs(x_ptr, x_row + j[None, None, :], mask)
-        elif INTERLEAVED:
+        elif INTERLEAVED == 1:
             # Each row as [..., HALF, 2] (one wide load), split into the pairs' channels later.
             c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]  # [1, 1, HALF, 2]
             mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
             x1 = tl.load(x_ptr + x_row[:, :, :, None] + c12 * x_d, mask=mask12)
             x2 = x1
-        else:
+        else:  # half-split pairs (INTERLEAVED 0, and 4's inputs)
             x1 = tl.load(x_ptr + x_row + c1[None, None, :] * x_d, mask=mask)
             x2 = tl.load(x_ptr + x_row + c2[None, None, :] * x_d, mask=mask)
         xp = x1
@@ -460,6 +462,11 @@ def _store_tile(
                                      o_u, INT64, BLOCK_H)
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         mask = row_mask & j_mask[None, None, :]
+        if INTERLEAVED >= 3:
+            # A channel's result lands where another thread read another channel: in place,
+            # every thread's loads must be done before any thread's stores (BAR.SYNC orders them
+            # for the program's threads; programs share no row).
+            tl.debug_barrier()
         if INTERLEAVED == 1:
             x1, x2 = tl.split(x1.to(tl.float32))
         else:
@@ -471,9 +478,9 @@ def _store_tile(
         # the heads narrowed) could differ from another in the last bit.
         y1 = tl.fma(x1, cos1[:, None, :], x2 * sin1[:, None, :] * -1.0)  # (-1.0: an exact neg)
         y2 = tl.fma(x2, cos2[:, None, :], x1 * sin2[:, None, :])
-        if INTERLEAVED == 2:
+        if INTERLEAVED == 2 or INTERLEAVED == 4:
             _store_pairs(out_ptr, o_row + j[None, None, :], y1, y2, mask)
-        elif INTERLEAVED:
+        elif INTERLEAVED == 1:
             c12 = (c1[:, None] + tl.arange(0, 2)[None, :])[None, None, :, :]
             mask12 = mask[:, :, :, None] & (c12 < rotary_dim)
             y12 = tl.join(y1, y2).to(out_ptr.dtype.element_ty)
@@ -632,6 +639,10 @@ def rope_qk_kernel(
     POSITIONS_FIRST: tl.constexpr,  # with X_FIRST: the positions' load before q's (k's) too
     # Pairs: 0 half-split (j, j + rotary_dim/2); interleaved (2j, 2j+1): 1 split from a
     # [..., HALF, 2] tile, 2 read and written as one word each (q's and k's strides in words).
+    # One layout read, the other written (DeepSeek V3's function; the whole head rotated): 3
+    # interleaved pairs read as words (the inputs' strides in words), their results stored
+    # half-split (the pair's first channel's result at j, the second's at j + rotary_dim/2); 4
+    # half-split pairs read, stored as words (the outputs' strides in words): 3's transpose.
     INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr,
     FAST_TRIG: tl.constexpr,
@@ -1664,7 +1675,7 @@ def _max_offset(sizes, strides) -> int:
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
           backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0),
-          in_place=False, aligned=False):
+          in_place=False, aligned=False, deinterleave=0):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
@@ -1674,7 +1685,10 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     ``in_place``: the outputs are the inputs. Then the channels past ``rotary_dim`` are left
     where they are, neither read nor written, as vLLM's and FlashInfer's in-place kernels leave
     them: the plan is that of heads narrowed to ``rotary_dim`` (same strides, so the same memory),
-    all of it rotated."""
+    all of it rotated. ``deinterleave`` (DeepSeek V3's function, interleaved pairs, the whole head
+    rotated): 1 reads interleaved pairs and writes their results half-split, 2 the transpose (its
+    backward); the kernel's ``INTERLEAVED`` 3 and 4, the interleaved side as words (which the
+    caller ensures: ``pairs_as_words``)."""
     narrowed = in_place and rotary_dim < q[0][4]
     if narrowed:
         q, k = [((*sizes[:4], rotary_dim), *strides) for sizes, *strides in (q, k)]
@@ -1689,6 +1703,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
              and offsets[0] % 2 == 0 and offsets[1] % 2 == 0
              and all(st[4] == 1 and all(x % 2 == 0 or n == 1 for x, n in zip(st[:4], sizes[:4]))
                      for sizes, *strides in (q, k) for st in strides))
+    if deinterleave and not (words and rotary_dim == head_dim):
+        raise ValueError(f"deinterleave needs pairs read as words and the whole head rotated, "
+                         f"got words={words}, rotary_dim {rotary_dim} of {head_dim}")
     # Tokens and heads in the other memory order in the outputs than in the inputs (a size of 1
     # has no order).
     transposed = (seq_len > 1 and q_heads > 1
@@ -1723,8 +1740,13 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     int64 = max(_max_offset(sizes, st) for sizes, a, b in parts for st in (a, b)) >= 2**31 - 1
     v_strides = ((*v[1][:3], v[1][4], *v[2][:3], v[2][4]) if v is not None else (0,) * 8)
     if words:  # q and k indexed in words (pairs): strides halved, the channel one 1 (v: elements)
-        q_in, q_out, k_in, k_out = [(*(x // 2 for x in st[:4]), 1)
-                                    for st in (q_in, q_out, k_in, k_out)]
+        halved = [(*(x // 2 for x in st[:4]), 1) for st in (q_in, q_out, k_in, k_out)]
+        if deinterleave == 1:  # the inputs are pairs, the outputs half-split: only the inputs'
+            q_in, k_in = halved[0], halved[2]
+        elif deinterleave == 2:  # the outputs are pairs
+            q_out, k_out = halved[1], halved[3]
+        else:
+            q_in, q_out, k_in, k_out = halved
     scalars = (seq_len, batch, q_heads, k_heads, v_heads, qu, ku, rotary_dim, head_dim, v_dim,
                *q_in, *q_out, *k_in, *k_out, *v_strides, *t_strides, *p_strides, cp_size,
                cp_rank, *offsets, q_blocks, k_blocks, part_blocks, s_blocks)
@@ -1744,7 +1766,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         X_FIRST=x_first,
         POSITIONS_FIRST=_positions_first(x_first, gather, all_heads, cfg["num_warps"],
                                          cfg["block_s"]),
-        INTERLEAVED=2 if words else int(bool(interleaved)),
+        INTERLEAVED=2 + deinterleave if deinterleave else 2 if words else int(bool(interleaved)),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).
         FAST_TRIG=(angles == 0 and dtype != torch.float32 and on_gpu and not INTERPRETED
@@ -1791,6 +1813,14 @@ def _tile_angles(angles: int, interleaved: bool) -> int:
     if (angles == ANGLES["cos_sin_half"] and not interleaved) or angles == ANGLES["cos_sin_neg"]:
         return ANGLES["cos_sin"]
     return angles
+
+
+def _words_strides(*tensors: torch.Tensor) -> bool:
+    """Every tensor's channels contiguous and its other strides even (or of a size-1 axis): with
+    ``_aligned``, the condition for reading or writing its pairs as words."""
+    return all(t.stride(-1) == 1 and all(st % 2 == 0 or n == 1
+                                         for n, st in zip(t.shape[:-1], t.stride()[:-1]))
+               for t in tensors)
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
@@ -2030,6 +2060,8 @@ HF_PAIRS = {
     "half_per_pair": (ANGLES["cos_sin_half"], False, 2),  # GPT-OSS: cos/sin [b, s, rotary_dim/2]
     "interleaved_per_pair": (ANGLES["cos_sin_half"], True, 2),  # OpenAI's privacy filter
     "half_negated": (ANGLES["cos_sin_neg"], False, 1),  # NanoChat: Llama's with sin negated
+    # DeepSeek V3: GLM's pairs and angles, each pair's results written half-split (j, j + d/2)
+    "deepseek": (ANGLES["cos_sin_half"], True, 1),
 }
 
 
@@ -2050,9 +2082,11 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     channel j (GLM's function, given Llama's layout of cos and sin); "half_per_pair" and
     "interleaved_per_pair" the half-split and interleaved pairs by cos/sin of one entry per pair,
     ``[b, s, rotary_dim / 2]`` (GPT-OSS's function, OpenAI's privacy filter's); "half_negated"
-    as "half" with sin negated (NanoChat's). Writes into ``q_out`` and ``k_out`` (pass q and k
-    for in place; both or neither) and returns them; if None, new tensors laid out as
-    transformers' functions lay out theirs (``hf_outputs``)."""
+    as "half" with sin negated (NanoChat's); "deepseek" GLM's pairs and angles with each pair's
+    results written to channels j and j + d/2 (DeepSeek V3's ``apply_rotary_pos_emb_interleave``,
+    the whole head rotated; its backward reads those and writes pairs). Writes into ``q_out``
+    and ``k_out`` (pass q and k for in place; both or neither) and returns them; if None, new
+    tensors laid out as transformers' functions lay out theirs (``hf_outputs``)."""
     angles, interleaved, _ = HF_PAIRS[pairs]
     rotary_dim = hf_rotary_dim(cos, pairs)
     _check_device(q)
@@ -2070,7 +2104,19 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     in_place = q_out is q and k_out is k
+    deinterleave = (2 if backward else 1) if pairs == "deepseek" else 0
     aligned = interleaved and _aligned(q, k, q_out, k_out)
+    if deinterleave and not (aligned and _words_strides(q, k, q_out, k_out)):
+        # DeepSeek's pairs are read (or written) as words; tensors that do not allow it (an odd
+        # stride or address) go through dense copies: correct, with a copy's cost.
+        dense = [torch.empty_like(x, memory_format=torch.contiguous_format)
+                 for x in (q, k, q, k)]
+        dense[0].copy_(q)
+        dense[1].copy_(k)
+        rope_cos_sin(dense[0], dense[1], cos, sin, heads_axis, backward, pairs, dense[2], dense[3])
+        q_out.copy_(dense[2])
+        k_out.copy_(dense[3])
+        return q_out, k_out
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
            cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
            aligned, out_meta, in_place)
@@ -2087,7 +2133,8 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      dtype=q.dtype, angles=angles, rotary_dim=rotary_dim,
                      has_positions=False, has_start=False, interleaved=interleaved,
                      backward=backward, cp_size=1, cp_rank=0, t_strides=t_strides,
-                     p_strides=(0, 0), same_table=True, in_place=in_place, aligned=aligned)
+                     p_strides=(0, 0), same_table=True, in_place=in_place, aligned=aligned,
+                     deinterleave=deinterleave)
 
     _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
     return q_out, k_out

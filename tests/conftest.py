@@ -98,7 +98,12 @@ def hf_reference(x, cos, sin, unsqueeze_dim=1, pairs="half"):
     ``HF_FUNCTIONS``): Llama's half-split pairs; Cohere's interleaved pairs, cos/sin per channel;
     GLM's interleaved pairs, pair j's cos/sin at channel j (the first half, repeat_interleaved);
     GPT-OSS's half-split and its interleaved pairs (OpenAI's privacy filter), cos/sin
-    [b, s, head_dim / 2] of one entry per pair; NanoChat's: Llama's rotated by -theta."""
+    [b, s, head_dim / 2] of one entry per pair; NanoChat's: Llama's rotated by -theta; DeepSeek
+    V3's: GLM's, with each pair's results then written to channels j and j + d/2."""
+    if pairs == "deepseek":
+        assert cos.shape[-1] == x.shape[-1], "DeepSeek V3's function rotates the whole head"
+        y = hf_reference(x, cos, sin, unsqueeze_dim, "glm")
+        return torch.cat((y[..., 0::2], y[..., 1::2]), dim=-1)
     cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
     if pairs == "glm":
         cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, -1)
@@ -125,12 +130,16 @@ HF_FUNCTIONS = {"half": rope_kernels.hf.apply_rotary_pos_emb,
                 "glm": rope_kernels.hf.apply_rotary_pos_emb_glm,
                 "half_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss,
                 "interleaved_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_interleaved,
-                "half_negated": rope_kernels.hf.apply_rotary_pos_emb_nanochat}
+                "half_negated": rope_kernels.hf.apply_rotary_pos_emb_nanochat,
+                "deepseek": rope_kernels.hf.apply_rotary_pos_emb_deepseek}
 
 
 def hf_cos_width(pairs: str, head_dim: int, rotary_dim: int) -> int:
     """cos.shape[-1] for ``pairs``' function to rotate ``rotary_dim`` of ``head_dim`` channels:
-    one entry per pair for GPT-OSS's functions (which rotate the whole head), else per channel."""
+    one entry per pair for GPT-OSS's functions (which rotate the whole head), else per channel
+    (DeepSeek V3's rotates the whole head too)."""
+    if pairs == "deepseek":
+        assert rotary_dim == head_dim, "DeepSeek V3's function rotates the whole head"
     if pairs.endswith("_per_pair"):
         assert rotary_dim == head_dim, "GPT-OSS's functions rotate the whole head"
         return rotary_dim // 2

@@ -77,6 +77,10 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_nanochat(
                 q, k, hf_cos.cos(), hf_cos.sin()),
             [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),
+        "hf deepseek (pairs in, halves out; one k head)": (
+            lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_deepseek(
+                q, k, hf_cos.cos(), hf_cos.sin()),
+            [randn((2, 4, seq, D), dtype, seed), randn((2, 1, seq, D), dtype, seed + 1)]),
         "hf gemma4 (one tensor, [b, s, h, d])": (
             lambda x: rope_kernels.hf.apply_rotary_pos_emb_gemma4(
                 x, hf_cos.cos(), hf_cos.sin(), unsqueeze_dim=2),

@@ -510,12 +510,13 @@ def test_bad_input(case, changes, exc, words):
 
 
 @pytest.mark.parametrize("pairs,rotary_dim", [(p, r) for p in rope_qk.HF_PAIRS for r in (16, 8)
-                                              if r == 16 or not p.endswith("_per_pair")])
+                                              if r == 16 or not (p.endswith("_per_pair")
+                                                                 or p == "deepseek")])
 def test_operator_fake_matches_real(rotary_dim, pairs, seed):
     """torch.compile traces the operator through its fake implementation: shapes, dtypes and
     strides of the fake results must be the real ones (torch.library.opcheck compares them),
     with the whole head rotated and half of it (laid out otherwise), for every convention
-    (GPT-OSS's rotates the whole head with cos half as wide)."""
+    (GPT-OSS's rotates the whole head with cos half as wide; DeepSeek's only the whole head)."""
     from rope_kernels import _ops
 
     b, s, hq, hk, d = 2, 3, 4, 2, 16
@@ -577,7 +578,8 @@ IN_PLACE = {"half": rope_kernels.hf.apply_rotary_pos_emb_inplace,
             "glm": rope_kernels.hf.apply_rotary_pos_emb_glm_inplace,
             "half_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_inplace,
             "interleaved_per_pair": rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_interleaved_inplace,
-            "half_negated": rope_kernels.hf.apply_rotary_pos_emb_nanochat_inplace}
+            "half_negated": rope_kernels.hf.apply_rotary_pos_emb_nanochat_inplace,
+            "deepseek": rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace}
 # pairs -> (transformers' module, its rotary module) whose function the in-place call must match:
 # with part of the head rotated where the family has it (GPT-NeoX's, GLM's), and the whole head.
 _TRANSFORMERS = {"half": (modeling_gpt_neox, lambda: modeling_gpt_neox.GPTNeoXRotaryEmbedding(
@@ -595,7 +597,7 @@ _WHOLE_HEAD = {"half": (modeling_llama, lambda: modeling_llama.LlamaRotaryEmbedd
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("pairs", list(IN_PLACE))
+@pytest.mark.parametrize("pairs", list(_TRANSFORMERS))  # (DeepSeek's: test_deepseek_*)
 @pytest.mark.parametrize("view", ["fused projection", "transposed", "unsqueeze_dim 2",
                                   "whole head"])
 def test_inplace_matches_out_of_place_and_transformers(dtype, pairs, view, seed):
@@ -788,6 +790,238 @@ def test_glm4v_partial_rotary_is_the_interleaved_function(name, seed):
     assert not torch.allclose(wrong[0], want[0], atol=1e-3)
 
 
+# --- DeepSeek V3's apply_rotary_pos_emb_interleave ------------------------------------------------
+# The modeling modules of transformers 5.24 that define it (DeepSeek V3's, and the copies of it:
+# Mistral Large 4's also takes k None); rope_kernels.hf's docstring lists them.
+DEEPSEEK_MODULES = ["deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash",
+                    "mistral4", "mistral_large4", "bailing_hybrid", "youtu", "axk1", "axk2",
+                    "dots3_note"]
+
+
+def _deepseek_views(dtype, seed, unsqueeze_dim, b=2, s=5, heads=4, nope=8, rope=16, lora=24):
+    """q_rot and k_rot as DeepSeek V3's attention makes them: q's rotary slice of a
+    [b, s, h, nope + rope] projection, k's of the compressed kv [b, s, lora + rope] (one head);
+    [b, h, s, rope] views (``unsqueeze_dim`` 1) or [b, s, h, rope] (2, Mistral Large 4's
+    indexer). Also cos and sin [b, s, rope], random, their two halves unrelated (the functions
+    read the first: a kernel that read the second would show)."""
+    q_states = randn((b, s, heads, nope + rope), dtype, seed)
+    kv = randn((b, s, lora + rope), dtype, seed + 1)
+    q_rot, k_rot = q_states[..., nope:], kv[..., lora:].view(b, s, 1, rope)
+    if unsqueeze_dim == 1:
+        q_rot, k_rot = q_rot.transpose(1, 2), k_rot.transpose(1, 2)
+    cos, sin = (randn((b, s, rope), torch.float32, seed + i).to(dtype) for i in (2, 3))
+    return q_rot, k_rot, cos, sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", DEEPSEEK_MODULES)
+def test_deepseek_matches_every_copy_of_transformers_function(name, dtype, seed):
+    """``apply_rotary_pos_emb_deepseek`` on DeepSeek's own views, with the heads on axis 1 and 2:
+    within rounding of each module's ``apply_rotary_pos_emb_interleave`` and of the float64
+    formula; the inputs unchanged; the in-place variant returns the tensors given holding the
+    same bits (in place, each pair's results land on other channels than it was read from)."""
+    theirs = _modeling(name).apply_rotary_pos_emb_interleave
+    for unsqueeze_dim in (1, 2):
+        q, k, cos, sin = _deepseek_views(dtype, seed, unsqueeze_dim)
+        before = q.clone(), k.clone()
+        got = rope_kernels.hf.apply_rotary_pos_emb_deepseek(q, k, cos, sin,
+                                                            unsqueeze_dim=unsqueeze_dim)
+        want = theirs(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+        for g, w, x, b4, part in zip(got, want, (q, k), before, "qk"):
+            assert g.dtype == dtype and g.shape == x.shape
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=part)
+            assert_rope_close(g, hf_reference(b4, cos, sin, unsqueeze_dim, "deepseek"), dtype,
+                              part)
+            assert torch.equal(x, b4), part  # out of place: the inputs as they were
+        in_place = rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace(
+            q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        assert in_place[0] is q and in_place[1] is k
+        for x, g, part in zip((q, k), got, "qk"):
+            assert torch.equal(x, g), f"{part} in place, unsqueeze_dim {unsqueeze_dim}"
+
+
+def test_deepseek_modules_are_the_ones_documented():
+    """rope_kernels.hf's docstring names each module the tests check (and no test checks fewer)."""
+    doc = " ".join(rope_kernels.hf.__doc__.split())
+    named = [name for name in DEEPSEEK_MODULES[1:] if f"``{name}``" in doc]
+    assert named == DEEPSEEK_MODULES[1:]
+    assert "DeepSeek V3's ``apply_rotary_pos_emb_interleave``" in doc
+    assert f"{len(DEEPSEEK_MODULES) - 1} more of transformers" in doc
+
+
+def test_deepseek_without_k_as_mistral_large_4(seed):
+    """Mistral Large 4's copy takes ``k=None`` (a layer that reuses another's rotated keys) and
+    returns ``(q_embed, None)``: so does ours, out of place and in place."""
+    theirs = _modeling("mistral_large4").apply_rotary_pos_emb_interleave
+    q, _, cos, sin = _deepseek_views(torch.float32, seed, 1)
+    want, none = theirs(q, None, cos, sin)
+    assert none is None
+    got, none = rope_kernels.hf.apply_rotary_pos_emb_deepseek(q, None, cos, sin)
+    assert none is None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    q2 = q.clone()
+    got2, none = rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace(q2, None, cos, sin)
+    assert got2 is q2 and none is None and torch.equal(q2, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_views_whose_pairs_are_not_words(dtype, seed):
+    """The kernel reads DeepSeek's pairs (and writes its backward's) as words: a q that starts at
+    an odd element, or whose token stride is odd, goes through dense copies instead. Values,
+    gradients and in place as for any other q, NaN-poisoned outputs written whole."""
+    b, s, h, d = 2, 5, 3, 16
+
+    def q_view(case):
+        if case == "odd address":
+            return randn((b * s * h * d + 1,), dtype, seed)[1:].view(b, s, h, d).transpose(1, 2)
+        # [b, s, h, d] with a token stride of h * d + 1
+        return randn((b, s, h * d + 1), dtype, seed)[..., : h * d].view(b, s, h, d).transpose(1, 2)
+
+    for case in ("odd address", "odd stride"):
+        q = q_view(case)
+        k = randn((b, 1, s, d), dtype, seed + 1)
+        cos, sin = (randn((b, s, d), torch.float32, seed + i) for i in (2, 3))
+        want = [hf_reference(x, cos, sin, 1, "deepseek") for x in (q, k)]
+        outs = [torch.full_like(x, float("nan")) for x in (q, k)]
+        rope_qk.rope_cos_sin(q, k, cos, sin, 1, pairs="deepseek", q_out=outs[0], k_out=outs[1])
+        for o, w, part in zip(outs, want, "qk"):
+            assert_rope_close(o, w, dtype, f"{case}: {part}")
+        qg, kg = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        got = rope_kernels.hf.apply_rotary_pos_emb_deepseek(qg, kg, cos, sin)
+        weights = [randn(x.shape, dtype, seed + 5 + i) for i, x in enumerate(got)]
+        sum((g * w).sum() for g, w in zip(got, weights)).backward()
+        for x, xg, w, part in ((q, qg, weights[0], "q"), (k, kg, weights[1], "k")):
+            x64 = x.detach().double().requires_grad_(True)
+            (hf_reference(x64, cos, sin, 1, "deepseek") * w.double()).sum().backward()
+            assert_rope_close(xg.grad, x64.grad, dtype, f"{case}: {part}.grad")
+        q_in, k2 = q_view(case), k.clone()  # (q's values and layout again)
+        got = rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace(q_in, k2, cos, sin)
+        assert got[0] is q_in and got[1] is k2
+        assert torch.equal(q_in, outs[0]) and torch.equal(k2, outs[1]), case
+
+
+def test_deepseek_gradients(seed):
+    """The backward (half-split pairs read, interleaved pairs written, rotated by -theta) against
+    the float64 gradient of DeepSeek V3's own function, for q and for k."""
+    theirs = _modeling("deepseek_v3").apply_rotary_pos_emb_interleave
+    q, k, cos, sin = _deepseek_views(torch.float32, seed, 1)
+    q, k = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    got = rope_kernels.hf.apply_rotary_pos_emb_deepseek(q, k, cos, sin)
+    exact = theirs(q64, k64, cos.double(), sin.double())
+    weights = [randn(g.shape, seed=seed + 7 + i) for i, g in enumerate(got)]
+    sum((g * w).sum() for g, w in zip(got, weights)).backward()
+    sum((e * w.double()).sum() for e, w in zip(exact, weights)).backward()
+    for x, x64, part in ((q, q64, "q"), (k, k64, "k")):
+        assert_rope_close(x.grad, x64.grad, torch.float32, f"{part}.grad")
+
+
+def test_no_other_function_of_ours_computes_deepseeks(seed):
+    """On DeepSeek's call every other function of ours refuses or gives other numbers (GLM's
+    computes its values in the other order of channels), and ours gives none of theirs on their
+    calls' arguments: ``patch`` can tell them apart."""
+    theirs = _modeling("deepseek_v3").apply_rotary_pos_emb_interleave
+    q, k, cos, sin = _deepseek_views(torch.float32, seed, 1)
+    distances = rope_kernels.hf._distances(theirs, (q, k, cos, sin), {})
+    ours = rope_kernels.hf.apply_rotary_pos_emb_deepseek
+    assert distances.pop(ours) < 1e-5
+    assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
+    q, k, cos, sin = _random_call(seed)
+    for name in ("llama", "cohere", "glm", "helium", "nanochat"):
+        d = rope_kernels.hf._distances(_their_function(name), (q, k, cos, sin), {})
+        assert d[ours] > 0.1, name
+
+
+def _tiny_deepseek(seed, rope_interleave=True):
+    """(a tiny random DeepSeek V3 causal LM, fp32, eager attention; its module; token ids):
+    multi-head latent attention, q's rotary slice 8 of 24 channels, one shared key head."""
+    torch.manual_seed(seed)
+    module = _modeling("deepseek_v3")
+    config = module.DeepseekV3Config(
+        vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, rope_interleave=rope_interleave)
+    config._attn_implementation = "eager"
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed))
+    return module.DeepseekV3ForCausalLM(config).to(DEVICE), module, ids.to(DEVICE)
+
+
+def test_deepseek_tiny_model_unchanged_and_patched(seed, monkeypatch):
+    """A tiny DeepSeek V3 (``rope_interleave``, its default): logits and every parameter's
+    gradient match with ours assigned over ``apply_rotary_pos_emb_interleave`` (called once a
+    layer); ``patch`` assigns it there under that name (in bf16 too), ``inplace=True`` its
+    in-place variant, whose greedy generation gives transformers' tokens; ``unpatch`` undoes it.
+    With ``rope_interleave=False`` the attention calls ``apply_rotary_pos_emb`` instead, and
+    ``patch`` assigns Llama's function there."""
+    model, module, ids = _tiny_deepseek(seed)
+    theirs = module.apply_rotary_pos_emb_interleave
+    monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", theirs)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
+    logits, grads = _logits_and_grads(model, ids)
+    calls = []
+
+    def ours(*args, **kw):
+        calls.append(1)
+        return rope_kernels.hf.apply_rotary_pos_emb_deepseek(*args, **kw)
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", ours)
+    logits2, grads2 = _logits_and_grads(model, ids)
+    assert len(calls) == model.config.num_hidden_layers
+    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
+    assert grads2.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", theirs)
+
+    ours = rope_kernels.hf.apply_rotary_pos_emb_deepseek
+    assert rope_kernels.hf.patch(model) == [(module, ours, theirs,
+                                             "apply_rotary_pos_emb_interleave")]
+    assert module.apply_rotary_pos_emb_interleave is ours
+    torch.testing.assert_close(_logits(model, ids), logits, rtol=1e-5, atol=1e-5)
+    assert rope_kernels.hf.unpatch(model) == [module]
+    assert module.apply_rotary_pos_emb_interleave is theirs
+
+    model.eval()
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        tokens = model.generate(ids, **kw)
+    (patched,) = rope_kernels.hf.patch(model, inplace=True)
+    assert patched.ours is rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **kw), tokens)
+    rope_kernels.hf.unpatch(model)
+
+    bf16 = model.to(torch.bfloat16)
+    expected = _logits(bf16, ids)
+    (patched,) = rope_kernels.hf.patch(bf16)
+    assert (patched.ours, patched.name) == (ours, "apply_rotary_pos_emb_interleave")
+    torch.testing.assert_close(_logits(bf16, ids), expected, rtol=0.05, atol=0.05)
+    rope_kernels.hf.unpatch(bf16)
+
+    model, module, ids = _tiny_deepseek(seed, rope_interleave=False)
+    (patched,) = rope_kernels.hf.patch(model)
+    assert (patched.ours, patched.name) == (rope_kernels.hf.apply_rotary_pos_emb,
+                                            "apply_rotary_pos_emb")
+    rope_kernels.hf.unpatch(model)
+    assert module.apply_rotary_pos_emb is patched.theirs
+
+
+def test_deepseek_bad_input(seed):
+    """cos narrower than the head (DeepSeek's function rotates it whole): a ValueError naming
+    cos.shape[-1], the function and what to pass; in place, q that needs a gradient."""
+    q, k, cos, sin = _deepseek_views(torch.float32, seed, 1)
+    with pytest.raises(ValueError, match=r"cos.shape\[-1\] must be head_dim \(16\) for "
+                                         r"apply_rotary_pos_emb_deepseek.*got 8"):
+        rope_kernels.hf.apply_rotary_pos_emb_deepseek(q, k, cos[..., :8], sin[..., :8])
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb_deepseek_inplace cannot rotate q "
+                                         "and k that require grad"):
+        rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace(q.requires_grad_(True), k, cos, sin)
+
+
 def _logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits
@@ -811,7 +1045,7 @@ def test_patch_chooses_the_models_function(arch, dtype, seed, monkeypatch):
     monkeypatch.setattr(module, "apply_rotary_pos_emb", theirs)  # back after the test, whatever
     expected = _logits(model, ids)
     patched = rope_kernels.hf.patch(model)
-    assert patched == [(module, OURS[arch], theirs)]
+    assert patched == [(module, OURS[arch], theirs, "apply_rotary_pos_emb")]
     assert module.apply_rotary_pos_emb is OURS[arch]
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
     torch.testing.assert_close(_logits(model, ids), expected, **tol)
@@ -858,7 +1092,7 @@ def test_no_function_of_ours_computes_deepseek_v4s(rope_channels, seed):
     x = randn((1, 4, 8, 16), torch.float32, seed)
     cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
     distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
-    assert len(distances) == 8
+    assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) == 9
     assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
 
 

@@ -128,6 +128,8 @@ def _q_k_call(call, tokens, q_heads, k_heads, head_size, rotary_dim, seed, dtype
     g = torch.Generator().manual_seed(seed)
     if call.startswith("hf"):
         pairs = call.split()[1]
+        if pairs == "deepseek" and rotary_dim < head_size:
+            pytest.skip("DeepSeek V3's function rotates the whole head")
         q = randn((1, tokens, q_heads, head_size), dtype, seed).transpose(1, 2)
         k = randn((1, tokens, k_heads, head_size), dtype, seed + 1).transpose(1, 2)
         angles = torch.rand((1, tokens, rotary_dim // 2), generator=g) * 6.3
