@@ -420,10 +420,11 @@ OURS = {"llama": HF_FUNCTIONS["half"], "gpt_neox": HF_FUNCTIONS["half"],
         "nanochat": HF_FUNCTIONS["half_negated"]}
 
 
-def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"]) -> int:
+def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"],
+                         name="apply_rotary_pos_emb") -> int:
     """Logits and every parameter's gradient of ``model`` with transformers' function, then with
-    ``ours_fn`` assigned over it (the way a user swaps it in): they must match. Returns how many
-    times ours was called."""
+    ``ours_fn`` assigned over it (the way a user swaps it in; ``name``: the function's name in
+    ``module``): they must match. Returns how many times ours was called."""
     logits, grads = _logits_and_grads(model, ids)
     calls = []
 
@@ -431,7 +432,7 @@ def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"])
         calls.append(1)
         return ours_fn(*args, **kw)
 
-    monkeypatch.setattr(module, "apply_rotary_pos_emb", ours)
+    monkeypatch.setattr(module, name, ours)
     logits2, grads2 = _logits_and_grads(model, ids)
     torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
     assert grads2.keys() == grads.keys()
@@ -959,22 +960,12 @@ def test_deepseek_tiny_model_unchanged_and_patched(seed, monkeypatch):
     ``patch`` assigns Llama's function there."""
     model, module, ids = _tiny_deepseek(seed)
     theirs = module.apply_rotary_pos_emb_interleave
-    monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", theirs)
     monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
-    logits, grads = _logits_and_grads(model, ids)
-    calls = []
-
-    def ours(*args, **kw):
-        calls.append(1)
-        return rope_kernels.hf.apply_rotary_pos_emb_deepseek(*args, **kw)
-
-    monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", ours)
-    logits2, grads2 = _logits_and_grads(model, ids)
-    assert len(calls) == model.config.num_hidden_layers
-    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
-    assert grads2.keys() == grads.keys()
-    for name in grads:
-        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    logits = _logits(model, ids)
+    calls = _swapped_calls_match(model, module, ids, monkeypatch,
+                                 rope_kernels.hf.apply_rotary_pos_emb_deepseek,
+                                 "apply_rotary_pos_emb_interleave")
+    assert calls == model.config.num_hidden_layers
     monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", theirs)
 
     ours = rope_kernels.hf.apply_rotary_pos_emb_deepseek
@@ -985,14 +976,8 @@ def test_deepseek_tiny_model_unchanged_and_patched(seed, monkeypatch):
     assert rope_kernels.hf.unpatch(model) == [module]
     assert module.apply_rotary_pos_emb_interleave is theirs
 
-    model.eval()
-    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        tokens = model.generate(ids, **kw)
-    (patched,) = rope_kernels.hf.patch(model, inplace=True)
+    patched = _patched_in_place_generates_the_same(model, ids)
     assert patched.ours is rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace
-    with torch.no_grad():
-        assert torch.equal(model.generate(ids, **kw), tokens)
     rope_kernels.hf.unpatch(model)
 
     bf16 = model.to(torch.bfloat16)
@@ -1055,19 +1040,26 @@ def test_patch_chooses_the_models_function(arch, dtype, seed, monkeypatch):
     assert rope_kernels.hf.unpatch(model) == []
 
 
-def test_patch_inplace_generates_the_same(seed, monkeypatch):
-    """``patch(model, inplace=True)`` assigns the in-place variant: greedy generation gives
-    transformers' tokens; a forward that needs gradients is then refused by name."""
-    config, model, module, ids = _tiny_model("llama", seed)
+def _patched_in_place_generates_the_same(model, ids):
+    """Greedy generation (4 tokens, eval mode) after ``patch(model, inplace=True)`` gives the
+    tokens transformers' own function gave; returns the one ``Patched``."""
     model.eval()
-    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         theirs = model.generate(ids, **kw)
     (patched,) = rope_kernels.hf.patch(model, inplace=True)
-    assert patched.ours is rope_kernels.hf.apply_rotary_pos_emb_inplace
     with torch.no_grad():
         assert torch.equal(model.generate(ids, **kw), theirs)
+    return patched
+
+
+def test_patch_inplace_generates_the_same(seed, monkeypatch):
+    """``patch(model, inplace=True)`` assigns the in-place variant: greedy generation gives
+    transformers' tokens; a forward that needs gradients is then refused by name."""
+    config, model, module, ids = _tiny_model("llama", seed)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
+    patched = _patched_in_place_generates_the_same(model, ids)
+    assert patched.ours is rope_kernels.hf.apply_rotary_pos_emb_inplace
     with pytest.raises(ValueError, match="apply_rotary_pos_emb_inplace cannot rotate q and k "
                                          "that require grad"):
         model(input_ids=ids)
