@@ -937,6 +937,13 @@ PARTIAL_128B_CACHE_TILES = True
 # 1.540-2.192; 10 calls slower by up to 2.6% (q of 16 heads of 128 forward 0.984, where the
 # loads-first program of all 16 led).
 ONE_TENSOR_TILES = True
+# DeepSeek V3's backward (INTERLEAVED 4: half-split pairs read, words written) with fewer k heads
+# than a head block (its one shared key head): k's blocks of k's own size, where the programs of
+# one head block run. In a probe (H200, 5 shuffled rounds, bf16, DeepSeek's views,
+# rope_dim 64), against k in blocks of q's size: 0.905 -> 0.945 of copy at 128 heads (4 x 4096
+# tokens), 0.872 -> 0.892 at 64, 0.844 -> 0.877 at 20, 0.808 -> 0.850 at 16; its forward lost
+# with the same blocks (0.920 -> 0.883 at 20 heads, 0.904 -> 0.857 at 16), so keeps them.
+DEEPSEEK_BACKWARD_K_BLOCKS = True
 # ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
 # not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),
 # Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp tiles before
@@ -1718,6 +1725,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     # k's (and v's) blocks may have a size of their own (block_hk): the all-heads programs size
     # them to k; the default plans of one head block give every part the same size.
     block_hk = cfg.get("block_hk", block_h)
+    if (DEEPSEEK_BACKWARD_K_BLOCKS and deinterleave == 2 and not all_heads
+            and 0 < k_heads < block_hk):
+        block_hk = _next_pow2(k_heads)
     q_blocks, k_blocks = triton.cdiv(q_heads, block_h), triton.cdiv(k_heads, block_hk)
     v_heads = v[0][2] if v is not None else 0
     v_dim = v[0][4] if v is not None else 0

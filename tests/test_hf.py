@@ -1305,3 +1305,35 @@ def test_one_tensor_tiles(family, heads, head_dim, tile, seed, gpu_plans, monkey
     assert _one_tensor_call(family, getattr(rope_kernels.hf, ours_fn.__name__ + "_inplace"),
                             x_in, cos, sin, 2) is x_in
     assert torch.equal(x_in, results[True])  # (the plan above, in place: the same bits)
+
+
+@pytest.mark.parametrize("heads", [128, 16])
+def test_deepseek_backward_k_blocks(heads, seed, gpu_plans, monkeypatch):
+    """DeepSeek's backward with its one k head, where a GPU plans programs of one head block:
+    k's blocks of 1 head (``DEEPSEEK_BACKWARD_K_BLOCKS``), q's as the rules give them; with the
+    switch off k's blocks are q's size; the forward keeps them either way. Gradients against
+    float64 through DeepSeek V3's own function both ways, the same bits."""
+    theirs = _modeling("deepseek_v3").apply_rotary_pos_emb_interleave
+    q, k, cos, sin = _deepseek_views(torch.bfloat16, seed, 1, b=1, s=3, heads=heads, rope=64)
+    weights = [randn(x.shape, torch.bfloat16, seed + 5 + i) for i, x in enumerate((q, k))]
+    grads = {}
+    for switch in (True, False):
+        monkeypatch.setattr(rope_qk, "DEEPSEEK_BACKWARD_K_BLOCKS", switch)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        qg, kg = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        got = rope_kernels.hf.apply_rotary_pos_emb_deepseek(qg, kg, cos, sin)
+        sum((g * w).sum() for g, w in zip(got, weights)).backward()
+        forward, backward = rope_qk._PLANS.values()
+        assert (forward.constexprs["INTERLEAVED"], backward.constexprs["INTERLEAVED"]) == (3, 4)
+        assert not backward.constexprs["ALL_HEADS"]
+        block_h = backward.constexprs["BLOCK_H"]
+        assert backward.constexprs["BLOCK_HK"] == (1 if switch else block_h) and block_h > 1
+        assert forward.constexprs["BLOCK_HK"] == forward.constexprs["BLOCK_H"]
+        q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+        exact = theirs(q64, k64, cos.double(), sin.double())
+        sum((e * w.double()).sum() for e, w in zip(exact, weights)).backward()
+        for x, x64, part in ((qg, q64, "q"), (kg, k64, "k")):
+            assert_rope_close(x.grad, x64.grad, torch.bfloat16, f"{part}.grad")
+        grads[switch] = (qg.grad, kg.grad)
+    for a, b in zip(grads[True], grads[False]):
+        assert torch.equal(a, b)
