@@ -847,3 +847,72 @@ def test_hf_one_tensor_recording_is_quoted_as_recorded():
     assert f"{_span(gemma16)} of copy" in README and f"{_span(gemma16)} of copy" in NOTES
     assert f"a copy of the same bytes at\n  {_span(copies)}" in NOTES
     assert rope_qk.ONE_TENSOR_TILES is True
+
+
+def test_hf_deepseek_recording_is_quoted_as_recorded():
+    """figures/hf_deepseek_h200.json (scripts/hf_deepseek.py): DeepSeek V3's function at 7 models'
+    shapes. The notes' table has every model's fractions; the forward's, the copy's,
+    transformers' and in place's ranges, the gap to the copy and the speed-up over transformers,
+    as quoted in the notes, README, recorded_results; the backward A/B (the same bits; the shapes
+    the rule changes are those whose plans are not all heads) in the notes, recorded_results and
+    the kernel file; the decode times."""
+    from rope_kernels import rope_qk
+
+    record = json.loads((FIGURES / "hf_deepseek_h200.json").read_text())
+    assert record["provenance"]["source_commit"] == "a2d7973"
+    rows = [r for r in record["rows"] if "of_copy" in r]
+    by = {(r["model"], r["call"]): r for r in rows}
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    assert len(models) == 7
+    frac = {(m, c): by[(m, c)]["of_copy"] for m, c in by}
+    llama = "llama's of ours"
+    for m in models:
+        r = by[(m, "ours")]
+        cells = [m, f"{r['heads']}, {r['nope']}", str(r["batch"]), f"{r['mbytes']:.0f}",
+                 f"{frac[m, 'ours']:.3f}",
+                 f"{frac[m, 'ours backward k blocks before']:.3f} -> "
+                 f"{frac[m, 'ours backward']:.3f}",
+                 f"{frac[m, 'ours in place']:.3f}", f"{frac[m, 'copy_same']:.3f}",
+                 f"{frac[m, llama]:.3f} / {frac[m, llama + ' in place']:.3f}",
+                 f"{frac[m, 'transformers']:.3f}"]
+        assert "| " + " | ".join(cells) + " |" in NOTES, m
+    forward = [frac[m, "ours"] for m in models]
+    copies = [frac[m, "copy_same"] for m in models]
+    theirs = [frac[m, "transformers"] for m in models]
+    in_place = [frac[m, "ours in place"] for m in models]
+    gaps = [100 * (c - f) for c, f in zip(copies, forward)]
+    speedups = [f / t for f, t in zip(forward, theirs)]
+    assert (f"Forward {_span(forward)} of copy at the 7 shapes, {min(gaps):.1f}-{max(gaps):.1f} "
+            f"points under a copy of the same bytes\n  ({_span(copies)}) and "
+            f"{min(speedups):.1f}-{max(speedups):.1f} times as fast as transformers' own function "
+            f"({_span(theirs)})") in NOTES
+    assert f"In place {_span(in_place)}, level with or ahead of" in NOTES
+    assert all(frac[m, "ours in place"] >= frac[m, llama + " in place"] - 0.002 for m in models)
+    readme = " ".join(README.split())
+    assert (f"it runs forward at {_span(forward)} of copy (a copy of the same bytes "
+            f"{_span(copies)}; transformers' own function {_span(theirs)})") in readme
+    recorded = " ".join(RECORDED.split())
+    assert (f"forward {_span(forward)} of copy (a copy of the same bytes {_span(copies)}, "
+            f"transformers' own function {_span(theirs)}), in place {_span(in_place)}") in recorded
+    # The backward's A/B: the rule changes the plans of one head block (not all heads a program)
+    changed, left = [], []
+    for m in models:
+        row = by[(m, "ours backward")]
+        assert row["same_bits"], m
+        all_heads = rope_qk.default_config(4096, row["heads"], 1, 64, 2, True, True, 3, 64, False,
+                                           False, True, False).get("all_heads", False)
+        (left if all_heads else changed).append(statistics.median(row["speed_over_before"]))
+    assert len(changed) == 5 and len(left) == 2
+    assert (f"{_span(changed)} times the speed before (medians of per-round ratios), the same "
+            f"bits; at Mistral 4's\n  and Ling's 32 heads (all heads a program, which the rule "
+            f"leaves alone) {_span(left)}") in NOTES
+    assert f"{_span(changed)} times the speed before at the 5 shapes the rule changes" in recorded
+    source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("#", "").split())
+    assert (f"{_span(changed)} times the speed at the 5 shapes it changes, the same bits; "
+            f"{_span(left)} at the 2 it leaves") in source
+    decode = {r["call"]: r["us_per_call"] for r in record["rows"] if "us_per_call" in r}
+    ours, theirs_us = f"{decode['decode ours']:.1f}", f"{decode['decode transformers']:.1f}"
+    assert f"takes {ours} us back to back (transformers' {theirs_us};" in readme
+    assert f"{ours} us,\n  transformers' {theirs_us} us" in NOTES
+    assert f"{ours} us, transformers' {theirs_us} us" in recorded
+    assert rope_qk.DEEPSEEK_BACKWARD_K_BLOCKS is True
