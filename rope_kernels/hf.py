@@ -491,7 +491,8 @@ def _distances(theirs: Callable, args: tuple, kwargs: dict) -> dict:
     why ours refused the call (the exception's first 160 characters)."""
     expected = _as_tuple(theirs(*map(_as_float64, args),
                                 **{n: _as_float64(v) for n, v in kwargs.items()}))
-    scale = max(float(e.abs().max()) for e in expected)
+    # (Mistral Large 4's function returns None for a k of None)
+    scale = max(float(e.abs().max()) for e in expected if e is not None)
     distances = {}
     for ours in _IN_PLACE_OF:
         try:
@@ -500,11 +501,13 @@ def _distances(theirs: Callable, args: tuple, kwargs: dict) -> dict:
             reason = f"{type(e).__name__}: {e}"
             distances[ours] = reason if len(reason) <= 160 else reason[:157] + "..."
             continue
-        if len(got) != len(expected):
-            distances[ours] = f"{len(got)} results, transformers' function {len(expected)}"
+        if len(got) != len(expected) or any((g is None) != (e is None)
+                                            for g, e in zip(got, expected)):
+            distances[ours] = (f"{len(got)} results, transformers' function {len(expected)}, "
+                               f"or None in other places")
             continue
         distances[ours] = (max(float((g.double() - e.double()).abs().max())
-                               for g, e in zip(got, expected)) / scale)
+                               for g, e in zip(got, expected) if e is not None) / scale)
     return distances
 
 
@@ -550,7 +553,8 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     if not functions:
         raise ValueError(
             f"patch: none of the modules that define {type(model).__name__}'s classes has an "
-            f"apply_rotary_pos_emb function: this model does not rotate q and k through one "
+            f"apply_rotary_pos_emb function (or DeepSeek V3's apply_rotary_pos_emb_interleave): "
+            f"this model does not rotate q and k through one "
             f"(no RoPE, or RoPE computed another way), so there is nothing to replace")
     current = {(module, name): getattr(module, name) for module, name in functions}
     captured: dict = {}

@@ -1697,8 +1697,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     them: the plan is that of heads narrowed to ``rotary_dim`` (same strides, so the same memory),
     all of it rotated. ``deinterleave`` (DeepSeek V3's function, interleaved pairs, the whole head
     rotated): 1 reads interleaved pairs and writes their results half-split, 2 the transpose (its
-    backward); the kernel's ``INTERLEAVED`` 3 and 4, the interleaved side as words (which the
-    caller ensures: ``pairs_as_words``)."""
+    backward); the kernel's ``INTERLEAVED`` 3 and 4, the interleaved side as words (the caller
+    ensures that the tensors allow it: ``_aligned`` and ``_words_strides``)."""
     narrowed = in_place and rotary_dim < q[0][4]
     if narrowed:
         q, k = [((*sizes[:4], rotary_dim), *strides) for sizes, *strides in (q, k)]

@@ -864,6 +864,10 @@ def test_deepseek_without_k_as_mistral_large_4(seed):
     q2 = q.clone()
     got2, none = rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace(q2, None, cos, sin)
     assert got2 is q2 and none is None and torch.equal(q2, got)
+    # patch's comparison on such a call: ours matches, the others refuse a k of None
+    distances = rope_kernels.hf._distances(theirs, (q, None, cos, sin), {})
+    assert distances.pop(rope_kernels.hf.apply_rotary_pos_emb_deepseek) < 1e-5
+    assert all(isinstance(d, str) for d in distances.values()), distances
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -1110,7 +1114,7 @@ def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=96, n_positions=128, n_embd=32, n_layer=1, n_head=2, bos_token_id=1,
         eos_token_id=2)).to(DEVICE)
-    with pytest.raises(ValueError, match="has an apply_rotary_pos_emb function"):
+    with pytest.raises(ValueError, match="has an apply_rotary_pos_emb function \\(or DeepSeek"):
         rope_kernels.hf.patch(gpt2)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         rope_kernels.hf.patch(modeling_llama)
