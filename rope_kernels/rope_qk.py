@@ -1711,8 +1711,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     # written, starts at an even element and has its channels contiguous.
     words = (bool(interleaved) and aligned and head_dim % 2 == 0
              and offsets[0] % 2 == 0 and offsets[1] % 2 == 0
-             and all(st[4] == 1 and all(x % 2 == 0 or n == 1 for x, n in zip(st[:4], sizes[:4]))
-                     for sizes, *strides in (q, k) for st in strides))
+             and all(_words_strides(sizes, st) for sizes, *strides in (q, k) for st in strides))
     if deinterleave and not (words and rotary_dim == head_dim):
         raise ValueError(f"deinterleave needs pairs read as words and the whole head rotated, "
                          f"got words={words}, rotary_dim {rotary_dim} of {head_dim}")
@@ -1828,12 +1827,11 @@ def _tile_angles(angles: int, interleaved: bool) -> int:
     return angles
 
 
-def _words_strides(*tensors: torch.Tensor) -> bool:
-    """Every tensor's channels contiguous and its other strides even (or of a size-1 axis): with
-    ``_aligned``, the condition for reading or writing its pairs as words."""
-    return all(t.stride(-1) == 1 and all(st % 2 == 0 or n == 1
-                                         for n, st in zip(t.shape[:-1], t.stride()[:-1]))
-               for t in tensors)
+def _words_strides(sizes, strides) -> bool:
+    """Channels contiguous (the last stride 1) and the other strides even (or of a size-1 axis):
+    with ``_aligned``, the condition on a tensor for reading or writing its pairs as words."""
+    return strides[-1] == 1 and all(st % 2 == 0 or n == 1
+                                    for n, st in zip(sizes[:-1], strides[:-1]))
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
@@ -2119,16 +2117,15 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     in_place = q_out is q and k_out is k
     deinterleave = (2 if backward else 1) if pairs == "deepseek" else 0
     aligned = interleaved and _aligned(q, k, q_out, k_out)
-    if deinterleave and not (aligned and _words_strides(q, k, q_out, k_out)):
+    if deinterleave and not (aligned and all(_words_strides(t.shape, t.stride())
+                                             for t in (q, k, q_out, k_out))):
         # DeepSeek's pairs are read (or written) as words; tensors that do not allow it (an odd
-        # stride or address) go through dense copies: correct, with a copy's cost.
-        dense = [torch.empty_like(x, memory_format=torch.contiguous_format)
-                 for x in (q, k, q, k)]
-        dense[0].copy_(q)
-        dense[1].copy_(k)
-        rope_cos_sin(dense[0], dense[1], cos, sin, heads_axis, backward, pairs, dense[2], dense[3])
-        q_out.copy_(dense[2])
-        k_out.copy_(dense[3])
+        # stride or address) go through dense copies (new, so aligned): correct, at a copy's cost.
+        qc, kc = (x.clone(memory_format=torch.contiguous_format) for x in (q, k))
+        qo, ko = rope_cos_sin(qc, kc, cos, sin, heads_axis, backward, pairs,
+                              torch.empty_like(qc), torch.empty_like(kc))
+        q_out.copy_(qo)
+        k_out.copy_(ko)
         return q_out, k_out
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
            cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
