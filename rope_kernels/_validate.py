@@ -442,6 +442,33 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs, one=None) -> None:
         _same_device(name, x, q.device)
 
 
+def validate_vision_args(q, k, cos, sin, function: str) -> None:
+    """transformers' apply_rotary_pos_emb_vision(q, k, cos, sin) (a vision encoder's patches):
+    the shapes that function takes, checked before the call becomes a q+k call with a batch of
+    one (whose checks, ``validate_hf_args``, do the rest: dtypes, rotary_dim, devices).
+    ``function``: our function's name, for the messages."""
+    sig = None
+    if all(isinstance(x, torch.Tensor) for x in (q, k, cos, sin)):
+        sig = ("vision", _meta(q), _meta(k), _meta(cos), _meta(sin), function)
+    _remembered(sig, lambda: _validate_vision_meta(q, k, cos, sin, function))
+
+
+def _validate_vision_meta(q, k, cos, sin, function) -> None:
+    for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _tensor(name, x, f"see rope_kernels.hf.{function}")
+    if q.dim() != 3 or k.dim() != 3:
+        raise ValueError(f"{function}: q and k must be 3-D, [tokens, heads, head_dim] (a vision "
+                         f"encoder's patches, as transformers' apply_rotary_pos_emb_vision takes "
+                         f"them), got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if (k.shape[0], k.shape[2]) != (q.shape[0], q.shape[2]):
+        raise ValueError(f"{function}: k must match q in tokens and head_dim, got q "
+                         f"{tuple(q.shape)} and k {tuple(k.shape)}")
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[0] != q.shape[0]:
+        raise ValueError(f"{function}: cos and sin must have one shape, [tokens, rotary_dim] with "
+                         f"tokens = {q.shape[0]} (q's first axis), got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
+
+
 def needs_grad(*tensors: torch.Tensor) -> bool:
     """Whether autograd would record a call on ``tensors`` (one of them requires grad and grad
     mode is on)."""

@@ -43,6 +43,22 @@ One more takes q and k, under a name of its own:
   head is rotated; k may be None (Mistral Large 4's layers that share another's keys), then
   ``(q_embed, None)``.
 
+Two more rotate the patches of a vision encoder, transformers' ``apply_rotary_pos_emb_vision(q,
+k, cos, sin)``: q and k ``[tokens, heads, head_dim]`` (the patches of every image packed, no batch
+axis), cos and sin ``[tokens, rotary_dim]`` (float32: the vision rotary modules compute them so),
+computed in float32 and returned in q's dtype:
+
+- ``apply_rotary_pos_emb_vision``: Llama's pairing, the function of Qwen2-VL's vision encoder
+  that 24 more of transformers 5.24's modeling modules copy (``qwen2_5_vl``, ``qwen2_5_omni``,
+  ``qwen3_vl``, ``qwen3_vl_moe``, ``qwen3_omni_moe``, ``qwen3_5``, ``qwen3_5_moe``,
+  ``qwen4_exp``, ``glm4v``, ``glm4v_moe``, ``glm5_next``, ``glm_ocr``, ``kimi_k25``,
+  ``paddleocr_vl``, ``ernie4_5_vl_moe``, ``exaone4_5``, ``lfm3_vl``, ``mlcd``, ``step3p7``,
+  ``video_llama_3``, ``dots3_note``, ``cohere_compass``, ``muse_glimmer``, ``muse_spark``), and
+  MiniMax M3 VL's (``minimax_m3_vl``: cos narrower than the head, the rest copied; it computes
+  in the model's dtype, so 16-bit results may differ from it by rounding);
+- ``apply_rotary_pos_emb_vision_interleaved``: Inkling 2's (``inkling2``): channels 2j and 2j+1
+  paired, cos and sin repeat_interleaved (Cohere's pairing).
+
 Two more rotate one tensor a call, with signatures of their own:
 
 - ``apply_rotary_pos_emb_gemma4(x, cos, sin, unsqueeze_dim=1)``: Gemma 3n's and Gemma 4's (Gemma 4
@@ -66,7 +82,8 @@ that need a gradient (the out-of-place function is the differentiable one).
 
 ``patch(model)`` does the choosing and the assigning for a model instance: it runs the model once
 on a few tokens, takes the arguments of the first call its attention makes to its module's
-``apply_rotary_pos_emb`` (and ``apply_rotary_pos_emb_interleave``), and assigns the one function
+``apply_rotary_pos_emb`` (``apply_rotary_pos_emb_interleave``, ``apply_rotary_pos_emb_vision``),
+and assigns the one function
 of ours that computes transformers' result on them (checked against transformers' function in
 float64); it raises, and changes nothing, where none does or where the call cannot tell them
 apart. ``unpatch(model)`` puts transformers'
@@ -84,7 +101,7 @@ import torch
 from . import _ops
 from . import api as _api
 from . import rope_qk as _qk
-from ._validate import validate_hf_args, validate_in_place
+from ._validate import validate_hf_args, validate_in_place, validate_vision_args
 
 __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved",
            "apply_rotary_pos_emb_gpt_oss", "apply_rotary_pos_emb_gpt_oss_interleaved",
@@ -95,10 +112,13 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_nanochat_inplace", "apply_rotary_pos_emb_gemma4",
            "apply_rotary_pos_emb_gemma4_inplace", "apply_rotary_pos_emb_gptj",
            "apply_rotary_pos_emb_gptj_inplace", "apply_rotary_pos_emb_deepseek",
-           "apply_rotary_pos_emb_deepseek_inplace", "patch", "unpatch", "Patched"]
+           "apply_rotary_pos_emb_deepseek_inplace", "apply_rotary_pos_emb_vision",
+           "apply_rotary_pos_emb_vision_inplace", "apply_rotary_pos_emb_vision_interleaved",
+           "apply_rotary_pos_emb_vision_interleaved_inplace", "patch", "unpatch", "Patched"]
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
+_INTERLEAVED |= {vision for vision, pairs in _qk.VISION_PAIRS.items() if pairs in _INTERLEAVED}
 _IN_PLACE_NAMES = {"half": "apply_rotary_pos_emb_inplace",
                    "interleaved": "apply_rotary_pos_emb_interleaved_inplace",
                    "glm": "apply_rotary_pos_emb_glm_inplace",
@@ -350,6 +370,74 @@ def apply_rotary_pos_emb_gptj_inplace(tensor: torch.Tensor, sin: torch.Tensor, c
                       "apply_rotary_pos_emb_gptj_inplace")
 
 
+def apply_rotary_pos_emb_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                sin: torch.Tensor):
+    """RoPE on a vision encoder's q and k, as ``transformers``' Qwen2-VL function
+    ``apply_rotary_pos_emb_vision`` (and its 24 copies, and MiniMax M3 VL's): Llama's pairing,
+    channel j with j + rotary_dim/2, ``q * cos + rotate_half(q) * sin`` with cos and sin
+    broadcast over the heads (``cos.unsqueeze(-2)``). Assign it over that name::
+
+        import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as qwen2_5_vl
+        qwen2_5_vl.apply_rotary_pos_emb_vision = rope_kernels.hf.apply_rotary_pos_emb_vision
+
+    Args:
+        q: ``[tokens, h_q, d]``: every image's patches packed, float32/float16/bfloat16, any
+            strides (Qwen's are views of one fused qkv projection, ``[tokens, 3, h, d]``).
+        k: ``[tokens, h_k, d]``, q's dtype.
+        cos, sin: ``[tokens, rotary_dim]``, any float dtype (transformers' vision rotary modules
+            give float32), half-split layout ``cat(freqs, freqs)``; ``rotary_dim <= d``, the
+            channels past it copied (MiniMax M3 VL's, whose cos covers part of the head).
+
+    Returns:
+        New ``(q_embed, k_embed)`` of q's and k's shapes and dtype, laid out like q and k where cos
+        covers the whole head (transformers' are contiguous; the values are the same),
+        contiguous where it covers part of it. Computed in float32, as transformers' function
+        computes. Differentiable with respect to q and k.
+    """
+    return _apply_vision(q, k, cos, sin, "vision", "apply_rotary_pos_emb_vision")
+
+
+def apply_rotary_pos_emb_vision_interleaved(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                            sin: torch.Tensor):
+    """RoPE on a vision encoder's q and k, as ``transformers``' Inkling 2 function
+    ``apply_rotary_pos_emb_vision``: channels 2j and 2j+1 rotated together (its
+    ``rotate_pairwise``), each channel by its own entry of cos and sin (its rotary module
+    repeat_interleaves them, so both channels of a pair read one angle), as Cohere's pairing.
+
+    Args and returns as ``apply_rotary_pos_emb_vision``.
+    """
+    return _apply_vision(q, k, cos, sin, "vision_interleaved",
+                         "apply_rotary_pos_emb_vision_interleaved")
+
+
+def apply_rotary_pos_emb_vision_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                        sin: torch.Tensor):
+    """``apply_rotary_pos_emb_vision`` writing into q and k (views of the fused qkv projection
+    too) and returning them, as ``apply_rotary_pos_emb_inplace`` (q and k must not need a
+    gradient)."""
+    return _apply_vision(q, k, cos, sin, "vision", "apply_rotary_pos_emb_vision_inplace")
+
+
+def apply_rotary_pos_emb_vision_interleaved_inplace(q: torch.Tensor, k: torch.Tensor,
+                                                    cos: torch.Tensor, sin: torch.Tensor):
+    """``apply_rotary_pos_emb_vision_interleaved`` writing into q and k and returning them, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply_vision(q, k, cos, sin, "vision_interleaved",
+                         "apply_rotary_pos_emb_vision_interleaved_inplace")
+
+
+def _apply_vision(q, k, cos, sin, pairs, name):
+    """The vision functions' body: ``[tokens, heads, d]`` q and k are a batch of one of the q+k
+    functions' ``[b, s, h, d]`` (``unsqueeze_dim`` 2), cos and sin ``[s, rotary_dim]``;
+    ``pairs``: rope_qk.VISION_PAIRS' key (the kernel plans these calls on tiles of their own);
+    ``name``: our function's (it ends in ``_inplace`` for the in-place ones)."""
+    validate_vision_args(q, k, cos, sin, name)
+    in_place = name.endswith("_inplace")
+    q_embed, k_embed = _apply(q.unsqueeze(0), k.unsqueeze(0), cos, sin, 2, pairs, in_place,
+                              in_place_name=name if in_place else None)
+    return (q, k) if in_place else (q_embed.squeeze(0), k_embed.squeeze(0))
+
+
 def _apply_one(x, cos, sin, unsqueeze_dim, pairs, one, in_place_name=None):
     """The single-tensor functions' body: x rotated as q with a k of no heads (a view of none of
     x's), through the q+k functions' path; ``one``: x's argument name (for errors);
@@ -431,6 +519,8 @@ _IN_PLACE_OF = {
     **{globals()[name[:-len("_inplace")]]: globals()[name] for name in _IN_PLACE_NAMES.values()},
     apply_rotary_pos_emb_gemma4: apply_rotary_pos_emb_gemma4_inplace,
     apply_rotary_pos_emb_gptj: apply_rotary_pos_emb_gptj_inplace,
+    apply_rotary_pos_emb_vision: apply_rotary_pos_emb_vision_inplace,
+    apply_rotary_pos_emb_vision_interleaved: apply_rotary_pos_emb_vision_interleaved_inplace,
 }
 _ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 # How far from transformers' function, computed in float64, a result of ours may be, relative to
@@ -439,16 +529,17 @@ _ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 # the size of the results themselves.
 _PATCH_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 # The names under which transformers' attention calls a modeling module's rotation of q and k:
-# DeepSeek V3's (and its copies') calls the second where ``config.rope_interleave`` is set.
-_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+# DeepSeek V3's (and its copies') calls the second where ``config.rope_interleave`` is set, the
+# vision encoders of Qwen2-VL and its kind the third.
+_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_vision")
 # (modeling module, name) -> transformers' function, while one of ours is assigned there
 _ORIGINALS: dict = {}
 
 
 class Patched(NamedTuple):
     """One function of a modeling module that ``patch`` replaced: ``ours`` is there now under
-    ``name`` (``apply_rotary_pos_emb``, or DeepSeek V3's ``apply_rotary_pos_emb_interleave``),
-    ``theirs`` (transformers' function) was."""
+    ``name`` (``apply_rotary_pos_emb``, DeepSeek V3's ``apply_rotary_pos_emb_interleave``, or a
+    vision encoder's ``apply_rotary_pos_emb_vision``), ``theirs`` (transformers' function) was."""
 
     module: types.ModuleType
     ours: Callable
@@ -517,22 +608,25 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     computes it, chosen by computing both.
 
     Runs ``model(**example_inputs)`` once under ``torch.no_grad()`` (by default 8 token ids,
-    ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` (and DeepSeek V3's
-    ``apply_rotary_pos_emb_interleave``) of each module that defines the model's classes, and
-    takes the arguments of the first call to each: q, k and the model's own cos and sin, as its
-    attention passes them. Each of our nine functions is called on
-    them and compared with transformers' function on the same arguments in float64; the one
-    within the rounding of q's dtype is assigned (its ``_inplace`` variant with ``inplace=True``:
-    for generation and serving, no gradient). Calling it again re-chooses; ``unpatch`` undoes it.
+    ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` (DeepSeek V3's
+    ``apply_rotary_pos_emb_interleave``, a vision encoder's ``apply_rotary_pos_emb_vision``) of
+    each module that defines the model's classes, and takes the arguments of the first call to
+    each: q, k and the model's own cos and sin, as its attention passes them. Each of our eleven
+    functions is called on them and compared with transformers' function on the same arguments
+    in float64; the one within the rounding of q's dtype is assigned (its ``_inplace`` variant
+    with ``inplace=True``: for generation and serving, no gradient). Calling it again re-chooses;
+    ``unpatch`` undoes it.
 
     Args:
-        model: a ``torch.nn.Module`` whose attention calls its module's ``apply_rotary_pos_emb``
-            or ``apply_rotary_pos_emb_interleave`` (the eager and SDPA attention of
-            transformers' models).
+        model: a ``torch.nn.Module`` whose attention calls its module's ``apply_rotary_pos_emb``,
+            ``apply_rotary_pos_emb_interleave`` or ``apply_rotary_pos_emb_vision`` (the eager and
+            SDPA attention of transformers' models).
         inplace: assign the ``_inplace`` variant (it refuses q and k that need a gradient).
         example_inputs: keyword arguments for ``model``'s forward, in place of the 8 token ids
-            (a model that needs other inputs). Its tokens must include positions other than 0
-            (at position 0 every rotation is the identity).
+            (a model that needs other inputs; a vision-language model's vision encoder runs,
+            and is patched, only on inputs with an image: ``pixel_values`` and its grid). Its
+            tokens must include positions other than 0 (at position 0 every rotation is the
+            identity).
 
     Returns:
         A ``Patched(module, ours, theirs, name)`` for each function that was replaced (the
@@ -553,7 +647,8 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     if not functions:
         raise ValueError(
             f"patch: none of the modules that define {type(model).__name__}'s classes has an "
-            f"apply_rotary_pos_emb function (or DeepSeek V3's apply_rotary_pos_emb_interleave): "
+            f"apply_rotary_pos_emb function (nor DeepSeek V3's apply_rotary_pos_emb_interleave, "
+            f"nor a vision encoder's apply_rotary_pos_emb_vision): "
             f"this model does not rotate q and k through one "
             f"(no RoPE, or RoPE computed another way), so there is nothing to replace")
     current = {(module, name): getattr(module, name) for module, name in functions}

@@ -609,6 +609,14 @@ def _copy_tile(x_ptr, out_ptr, s_idx, s_mask, pid_b, pid_h, heads, width,
 
 # Sizes and counts are not specialised (fewer recompilations); strides are, because stride == 1
 # and multiples of 16 are what let Triton vectorise loads and stores.
+@triton.jit
+def _told(a, b, c, d, MULTIPLE: tl.constexpr):
+    """a, b, c and d, multiples of ``MULTIPLE``, said so for the compiler (which learns of an
+    integer argument only whether it is a multiple of 16)."""
+    return (a // MULTIPLE * MULTIPLE, b // MULTIPLE * MULTIPLE, c // MULTIPLE * MULTIPLE,
+            d // MULTIPLE * MULTIPLE)
+
+
 @triton.jit(do_not_specialize=["seq_len", "batch", "q_heads", "k_heads", "v_heads", "q_sub",
                                "k_sub", "cp_size", "cp_rank", "q_blocks", "k_blocks",
                                "part_blocks", "s_blocks"])
@@ -662,12 +670,29 @@ def rope_qk_kernel(
     GATHER: tl.constexpr,
     # rotary_dim and head_dim are multiples of CHANNEL_MULTIPLE (2, 4 or 8; 0: nothing told).
     CHANNEL_MULTIPLE: tl.constexpr,
+    # q's, k's and v's strides (the channels' apart) and k's and v's offsets are multiples of
+    # STRIDE_MULTIPLE, the table's of TABLE_MULTIPLE (4 or 8; 0: nothing told).
+    STRIDE_MULTIPLE: tl.constexpr,
+    TABLE_MULTIPLE: tl.constexpr,
 ):
     if CHANNEL_MULTIPLE > 1:
         # Said so that the compiler knows it (of an integer argument it learns only whether it is
         # a multiple of 16): masks at them then cover whole vectors of 2-8 channels, not one.
         rotary_dim = rotary_dim // CHANNEL_MULTIPLE * CHANNEL_MULTIPLE
         head_dim = head_dim // CHANNEL_MULTIPLE * CHANNEL_MULTIPLE
+    if STRIDE_MULTIPLE > 1:
+        # The same for the strides (heads of 72 or 104 channels: every row starts on 16 bytes,
+        # which the compiler cannot tell from a stride of 72), so that rows load in vectors.
+        q_s, q_b, q_g, q_u = _told(q_s, q_b, q_g, q_u, STRIDE_MULTIPLE)
+        qo_s, qo_b, qo_g, qo_u = _told(qo_s, qo_b, qo_g, qo_u, STRIDE_MULTIPLE)
+        k_s, k_b, k_g, k_u = _told(k_s, k_b, k_g, k_u, STRIDE_MULTIPLE)
+        ko_s, ko_b, ko_g, ko_u = _told(ko_s, ko_b, ko_g, ko_u, STRIDE_MULTIPLE)
+        v_s, v_b, v_g, vo_s = _told(v_s, v_b, v_g, vo_s, STRIDE_MULTIPLE)
+        vo_b, vo_g, k_offset, k_out_offset = _told(vo_b, vo_g, k_offset, k_out_offset,
+                                                   STRIDE_MULTIPLE)
+        v_offset, v_out_offset, _, _ = _told(v_offset, v_out_offset, 0, 0, STRIDE_MULTIPLE)
+    if TABLE_MULTIPLE > 1:
+        t_stride_b, t_stride_s, _, _ = _told(t_stride_b, t_stride_s, 0, 0, TABLE_MULTIPLE)
     # Program order: head blocks of all parts fastest (the q, k and v of the same tokens, which
     # are neighbours in memory for packed QKV), then tokens in memory order: batch elements then
     # token blocks for sbhd, token blocks then batch elements when the batch is the outer axis.
@@ -915,6 +940,9 @@ IN_PLACE_GATHER = True
 # a mask stops at one that is not a multiple of 16 (``CHANNEL_MULTIPLE``; ``_channel_multiple``):
 # the masks then cover whole vectors.
 CHANNEL_MULTIPLES = True
+# The same for strides and offsets that are multiples of 16 bytes but not of 16 elements
+# (``STRIDE_MULTIPLE``, ``TABLE_MULTIPLE``; ``_stride_multiple``).
+STRIDE_MULTIPLES = True
 # Tiles of models' shapes the rules below fit badly, from probes of 24 models' shapes (H200,
 # 3 shuffled rounds; see default_config): few k heads with q over 4 KB (FEW_K_HEAD_TILES), rows
 # padded to a power of two in Hugging Face's partial rotary (PADDED_TRANSPOSED_PAIRS), and the
@@ -947,6 +975,9 @@ ONE_TENSOR_TILES = True
 # 5 shuffled rounds, 7 models' shapes, LongCat-Flash's held out): 1.027-1.064 times the speed at
 # the 5 shapes it changes, the same bits; 1.000-1.001 at the 2 it leaves (all heads a program).
 DEEPSEEK_BACKWARD_K_BLOCKS = True
+# The vision encoders' calls (``rope_kernels.hf.apply_rotary_pos_emb_vision``): tiles of their own
+# where the rules fit them badly (``_vision_tile``).
+VISION_TILES = True
 # ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
 # not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),
 # Hugging Face's transposed views' (largest row in bytes, (tokens, heads)). The 2-warp tiles before
@@ -1148,6 +1179,37 @@ def _gathered_tile(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
                 gather=True)
 
 
+def _vision_tile(q_heads: int, k_heads: int, head_dim: int, element_size: int,
+                 rotary_dim: Optional[int], interleaved: bool, words: bool,
+                 transposed: bool) -> Optional[dict]:
+    """The tile of a vision encoder's call (``rope_kernels.hf.apply_rotary_pos_emb_vision``:
+    ``[1, tokens, heads, d]``, float32 cos and sin) where the rules fit it badly, in 16-bit with
+    the whole head rotated and as many k heads as q heads, up to 16; None elsewhere
+    (``VISION_TILES``). Heads of 80 channels, whose rows the tiles pad to 128 (Qwen2.5-VL's 16 x
+    80), or interleaved pairs read as words (Inkling 2's 16 x 64): loads first, one token's heads
+    on 2 warps. Heads of a width that is not a multiple of 16 (Qwen3-VL's 16 x 72, MLCD's 16 x
+    104): whole rows, one token's heads on 2 warps. Chosen from two probes of 12-18 tiles
+    (``scripts/hf_vision.py --tiles``: H200, 3 shuffled rounds, bf16, 32768 tokens, not
+    recorded), forward, of copy, the rules' tile -> this one: 16 x 80 0.780 -> 0.909, 16 x 72
+    0.628 -> 0.742 (0.477 before ``STRIDE_MULTIPLES``), 16 x 104 0.708 -> 0.895, 16 x 64 pairs
+    0.890 -> 0.911; the best of the probe's tiles within 0.8 points of these; 16 x 96 and 12 x
+    128, where the rules' tile was the best or within 0.6 points, keep it."""
+    if (element_size != 2 or transposed or rotary_dim not in (None, head_dim)
+            or q_heads != k_heads or q_heads > 16):
+        return None
+    width = _next_pow2(head_dim)
+    block_h = _next_pow2(q_heads)
+    if words and width == 64:
+        return _loads_first(q_heads, k_heads, num_warps=2)
+    if interleaved:
+        return None
+    if head_dim % 16 != 0:
+        return dict(block_s=1, block_h=block_h, num_warps=2, all_heads=False, whole_rows=True)
+    if head_dim == 80:
+        return _loads_first(q_heads, k_heads, num_warps=2)
+    return None
+
+
 def _one_tensor_tile(q_heads: int, row: int) -> dict:
     """``ONE_TENSOR_TILES``' tile: one token, ``q_heads`` up to the larger of 4 heads and 2 KB of
     them, a warp a KB of the tile (2 at least)."""
@@ -1321,7 +1383,8 @@ def _whole_rows(seq_len: int, q_heads: int, k_heads: int, width: int, row: int, 
 def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, element_size: int,
                    on_gpu: bool, interleaved: bool = False, angles: int = 0,
                    rotary_dim: Optional[int] = None, in_place: bool = False,
-                   transposed: bool = False, words: bool = False, narrowed: bool = False) -> dict:
+                   transposed: bool = False, words: bool = False, narrowed: bool = False,
+                   vision: bool = False) -> dict:
     """Tile of ``block_s`` tokens x ``block_h`` heads (powers of two), ``num_warps``, and
     ``all_heads``: whether a program loops over every head block of its tokens.
 
@@ -1473,6 +1536,11 @@ def default_config(seq_len: int, q_heads: int, k_heads: int, head_dim: int, elem
     Llama's (2): see ``_tile_angles``."""
     width = _next_pow2(head_dim)
     row = width * element_size
+    if VISION_TILES and vision and on_gpu:
+        tile = _vision_tile(q_heads, k_heads, head_dim, element_size, rotary_dim, interleaved,
+                            words, transposed)
+        if tile is not None:
+            return tile
     if _gathered_partners(head_dim, rotary_dim, interleaved, words, angles, narrowed):
         return _gathered_tile(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
                               transposed, narrowed)
@@ -1685,7 +1753,7 @@ def _max_offset(sizes, strides) -> int:
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
           backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0),
-          in_place=False, aligned=False, deinterleave=0):
+          in_place=False, aligned=False, deinterleave=0, vision=False):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
@@ -1721,7 +1789,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
                   and (abs(q_in[0]) < abs(q_in[2])) != (abs(q_out[0]) < abs(q_out[2])))
     cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
                          _tile_angles(angles, interleaved), rotary_dim, in_place, transposed,
-                         words, narrowed)
+                         words, narrowed, vision)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # k's (and v's) blocks may have a size of their own (block_hk): the all-heads programs size
@@ -1801,6 +1869,13 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         ROW=rotary_block if gather else _next_pow2(head_dim) if whole_rows else 0,
         GATHER=gather,
         CHANNEL_MULTIPLE=_channel_multiple(rotary_dim, head_dim, gather),
+        STRIDE_MULTIPLE=_stride_multiple(
+            [st for (sizes, _, _), strides in zip([q, q, k, k] + ([v, v] if v else []),
+                                                  [q_in, q_out, k_in, k_out]
+                                                  + ([v[1], v[2]] if v else []))
+             for n, st in zip(sizes[:4], strides[:4]) if n > 1] + list(offsets),
+            4 if words else element_size),
+        TABLE_MULTIPLE=_stride_multiple(t_strides[:2], 4),
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
 
@@ -1816,6 +1891,23 @@ def _channel_multiple(rotary_dim: int, head_dim: int, gather: bool) -> int:
         return 0
     multiple = min(8, both & -both)
     return multiple if multiple > 1 else 0
+
+
+def _stride_multiple(values, unit: int) -> int:
+    """The kernel's ``STRIDE_MULTIPLE`` (``TABLE_MULTIPLE``): the largest power of two up to 8
+    that divides every one of ``values`` (strides, offsets; in elements of ``unit`` bytes), where
+    that is 16 bytes or more and some value is not a multiple of 16 (which the compiler knows of
+    itself); else 0. Fused projections of heads of 72 or 104 channels (Qwen3-VL's and MLCD's
+    vision encoders) have strides of 8 elements, not 16: told, their rows load in 16-byte
+    vectors, not one element at a time. Under 16 bytes, telling could only lower what the
+    compiler knows of a tensor whose strides are multiples of 16."""
+    both = 0
+    for x in values:
+        both = math.gcd(both, x)
+    if not STRIDE_MULTIPLES or both == 0 or both % 16 == 0:
+        return 0
+    multiple = min(8, both & -both)
+    return multiple if multiple * unit >= 16 else 0
 
 
 def _tile_angles(angles: int, interleaved: bool) -> int:
@@ -2076,9 +2168,15 @@ HF_PAIRS = {
 }
 
 
+# The vision encoders' functions (rope_kernels.hf.apply_rotary_pos_emb_vision and its interleaved
+# twin) pass these: the pairs of "half" and "interleaved", planned on tiles of their own
+# (VISION_TILES).
+VISION_PAIRS = {"vision": "half", "vision_interleaved": "interleaved"}
+
+
 def hf_rotary_dim(cos: torch.Tensor, pairs: str) -> int:
     """How many channels of each head ``pairs``' function rotates with this ``cos``."""
-    return HF_PAIRS[pairs][2] * cos.shape[-1]
+    return HF_PAIRS[VISION_PAIRS.get(pairs, pairs)][2] * cos.shape[-1]
 
 
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -2098,7 +2196,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     the whole head rotated; its backward reads those and writes pairs). Writes into ``q_out``
     and ``k_out`` (pass q and k for in place; both or neither) and returns them; if None, new
     tensors laid out as transformers' functions lay out theirs (``hf_outputs``)."""
-    angles, interleaved, _ = HF_PAIRS[pairs]
+    angles, interleaved, _ = HF_PAIRS[VISION_PAIRS.get(pairs, pairs)]
     rotary_dim = hf_rotary_dim(cos, pairs)
     _check_device(q)
     if (q_out is None) != (k_out is None):
@@ -2144,7 +2242,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      has_positions=False, has_start=False, interleaved=interleaved,
                      backward=backward, cp_size=1, cp_rank=0, t_strides=t_strides,
                      p_strides=(0, 0), same_table=True, in_place=in_place, aligned=aligned,
-                     deinterleave=deinterleave)
+                     deinterleave=deinterleave, vision=pairs in VISION_PAIRS)
 
     _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
     return q_out, k_out

@@ -81,6 +81,9 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             lambda q, k: rope_kernels.hf.apply_rotary_pos_emb_deepseek(
                 q, k, hf_cos.cos(), hf_cos.sin()),
             [randn((2, 4, seq, D), dtype, seed), randn((2, 1, seq, D), dtype, seed + 1)]),
+        "hf vision (Qwen2-VL's; q, k [tokens, h, d] views of one qkv)": (
+            lambda qkv: _vision(qkv, hf_cos[0].cos(), hf_cos[0].sin()),
+            [randn((seq, 3 * 4 * D), dtype, seed)]),
         "hf gemma4 (one tensor, [b, s, h, d])": (
             lambda x: rope_kernels.hf.apply_rotary_pos_emb_gemma4(
                 x, hf_cos.cos(), hf_cos.sin(), unsqueeze_dim=2),
@@ -90,6 +93,14 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
                 x, hf_cos[..., : D // 2].sin(), hf_cos[..., : D // 2].cos()),
             [randn((2, seq, 4, D), dtype, seed)]),
     }
+
+
+def _vision(qkv, cos, sin):
+    """A vision encoder's call on its fused projection [tokens, 3 * 4 * D]: q and k rotated, v as
+    it is, all flattened (the output as large as the input, as test_properties' double backward
+    needs)."""
+    q, k, v = qkv.view(qkv.shape[0], 3, 4, D).unbind(1)
+    return _flat((*rope_kernels.hf.apply_rotary_pos_emb_vision(q, k, cos, sin), v))
 
 
 def _flat(out):

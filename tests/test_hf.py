@@ -1088,7 +1088,7 @@ def test_no_function_of_ours_computes_deepseek_v4s(rope_channels, seed):
     x = randn((1, 4, 8, 16), torch.float32, seed)
     cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
     distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
-    assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) == 9
+    assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) == 11
     assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
 
 
@@ -1114,7 +1114,7 @@ def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=96, n_positions=128, n_embd=32, n_layer=1, n_head=2, bos_token_id=1,
         eos_token_id=2)).to(DEVICE)
-    with pytest.raises(ValueError, match="has an apply_rotary_pos_emb function \\(or DeepSeek"):
+    with pytest.raises(ValueError, match="has an apply_rotary_pos_emb function \\(nor DeepSeek"):
         rope_kernels.hf.patch(gpt2)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         rope_kernels.hf.patch(modeling_llama)
@@ -1340,4 +1340,294 @@ def test_deepseek_backward_k_blocks(heads, seed, gpu_plans, monkeypatch):
             assert_rope_close(x.grad, x64.grad, torch.bfloat16, f"{part}.grad")
         grads[switch] = (qg.grad, kg.grad)
     for a, b in zip(grads[True], grads[False]):
+        assert torch.equal(a, b)
+
+
+# Vision encoders' apply_rotary_pos_emb_vision(q, k, cos, sin): module -> (ours, rotary_dim of a
+# head of 16 channels, whether cos and sin come in the model's dtype). Qwen2-VL's function and
+# its 24 copies; MiniMax M3 VL's rotates part of the head and computes in the model's dtype;
+# Inkling 2's pairs adjacent channels.
+_VISION_COPIES = ["qwen2_vl", "qwen2_5_vl", "qwen2_5_omni", "qwen3_vl", "qwen3_vl_moe",
+                  "qwen3_omni_moe", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "glm4v", "glm4v_moe",
+                  "glm5_next", "glm_ocr", "kimi_k25", "paddleocr_vl", "ernie4_5_vl_moe",
+                  "exaone4_5", "lfm3_vl", "mlcd", "step3p7", "video_llama_3", "dots3_note",
+                  "cohere_compass", "muse_glimmer", "muse_spark"]
+VISION_MODULES = {
+    **{name: (rope_kernels.hf.apply_rotary_pos_emb_vision, 16, False) for name in _VISION_COPIES},
+    "minimax_m3_vl": (rope_kernels.hf.apply_rotary_pos_emb_vision, 12, True),
+    "inkling2": (rope_kernels.hf.apply_rotary_pos_emb_vision_interleaved, 16, False),
+}
+_VISION_PAIRS = {rope_kernels.hf.apply_rotary_pos_emb_vision: "half",
+                 rope_kernels.hf.apply_rotary_pos_emb_vision_interleaved: "interleaved"}
+
+
+def _vision_views(dtype, seed, fused, tokens=7, heads=3, k_heads=3, head_dim=16, rotary_dim=16,
+                  table_dtype=torch.float32):
+    """q and k [tokens, heads, head_dim] as a vision encoder makes them: views of one fused qkv
+    projection ``[tokens, 3, heads, head_dim]`` (Qwen's, ``fused``) or of separate projections
+    (MiniMax's, Inkling's; k may have fewer heads); cos and sin [tokens, rotary_dim], random,
+    in ``table_dtype``."""
+    if fused:
+        qkv = randn((tokens, 3 * heads * head_dim), dtype, seed)
+        q, k, _ = qkv.reshape(tokens, 3, heads, head_dim).permute(1, 0, 2, 3).unbind(0)
+    else:
+        q = randn((tokens, heads * head_dim), dtype, seed).view(tokens, heads, head_dim)
+        k = randn((tokens, k_heads * head_dim), dtype, seed + 1).view(tokens, k_heads, head_dim)
+    cos, sin = (randn((tokens, rotary_dim), torch.float32, seed + i).to(table_dtype)
+                for i in (2, 3))
+    return q, k, cos, sin
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(VISION_MODULES))
+def test_vision_matches_every_copy_of_transformers_function(name, dtype, seed):
+    """Ours against each module's ``apply_rotary_pos_emb_vision`` on a fused qkv's views and on
+    separate projections (k of fewer heads): within rounding of theirs (both compute in float32
+    and round once; MiniMax's computes in the model's dtype) and of the float64 formula; the
+    inputs unchanged; the in-place variant returns the tensors given, holding the same bits."""
+    theirs = _modeling(name).apply_rotary_pos_emb_vision
+    ours, rotary_dim, model_dtype = VISION_MODULES[name]
+    in_place = getattr(rope_kernels.hf, ours.__name__ + "_inplace")
+    for fused in (True, False):
+        q, k, cos, sin = _vision_views(dtype, seed, fused, k_heads=2, rotary_dim=rotary_dim,
+                                       table_dtype=dtype if model_dtype else torch.float32)
+        before = q.clone(), k.clone()
+        got = ours(q, k, cos, sin)
+        want = theirs(q, k, cos, sin)
+        tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+        for g, w, x, b4, part in zip(got, want, (q, k), before, "qk"):
+            assert g.dtype == dtype and g.shape == x.shape
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=f"{part}, fused {fused}")
+            assert_rope_close(g, hf_reference(b4, cos, sin, -2, _VISION_PAIRS[ours]), dtype, part)
+            assert torch.equal(x, b4), part  # out of place: the inputs as they were
+        result = in_place(q, k, cos, sin)
+        assert result[0] is q and result[1] is k
+        for x, g, part in zip((q, k), got, "qk"):
+            assert torch.equal(x, g), f"{part} in place, fused {fused}"
+
+
+def test_vision_modules_are_the_ones_documented():
+    """rope_kernels.hf's docstring names each module the tests check, and the count of copies."""
+    doc = " ".join(rope_kernels.hf.__doc__.split())
+    names = _VISION_COPIES[1:] + ["minimax_m3_vl", "inkling2"]
+    assert [name for name in names if f"``{name}``" in doc] == names
+    assert f"{len(_VISION_COPIES) - 1} more of transformers 5.24's modeling modules" in doc
+
+
+@pytest.mark.parametrize("ours", list(_VISION_PAIRS), ids=lambda f: f.__name__)
+def test_vision_gradients(ours, seed):
+    """The backward against the float64 gradient of the formula, for q and for k, on a fused
+    qkv's views (their gradient lands in the projection's gradient, v's part zero)."""
+    qkv = randn((9, 3 * 2 * 16), torch.float32, seed).requires_grad_(True)
+    q, k, _ = qkv.view(9, 3, 2, 16).unbind(1)
+    cos, sin = (randn((9, 16), torch.float32, seed + i) for i in (2, 3))
+    got = ours(q, k, cos, sin)
+    weights = [randn(g.shape, seed=seed + 7 + i) for i, g in enumerate(got)]
+    sum((g * w).sum() for g, w in zip(got, weights)).backward()
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (q, k))
+    exact = [hf_reference(x, cos, sin, -2, _VISION_PAIRS[ours]) for x in (q64, k64)]
+    sum((e * w.double()).sum() for e, w in zip(exact, weights)).backward()
+    grad = qkv.grad.view(9, 3, 2, 16)
+    assert_rope_close(grad[:, 0], q64.grad, torch.float32, "q.grad")
+    assert_rope_close(grad[:, 1], k64.grad, torch.float32, "k.grad")
+    assert torch.equal(grad[:, 2], torch.zeros_like(grad[:, 2]))
+
+
+def test_no_other_function_of_ours_computes_visions(seed):
+    """On a vision call (3-D q and k) every function of ours but the one of its pairing refuses
+    or gives other numbers, and the vision functions refuse the text functions' calls: ``patch``
+    can tell them apart."""
+    q, k, cos, sin = _vision_views(torch.float32, seed, True)
+    for name, ours in (("qwen2_vl", rope_kernels.hf.apply_rotary_pos_emb_vision),
+                       ("inkling2", rope_kernels.hf.apply_rotary_pos_emb_vision_interleaved)):
+        distances = rope_kernels.hf._distances(_modeling(name).apply_rotary_pos_emb_vision,
+                                               (q, k, cos, sin), {})
+        assert distances.pop(ours) < 1e-5, name
+        assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
+    q, k, cos, sin = _random_call(seed)
+    for name in ("llama", "cohere"):
+        d = rope_kernels.hf._distances(_their_function(name), (q, k, cos, sin), {})
+        for ours in _VISION_PAIRS:
+            assert isinstance(d[ours], str) and "must be 3-D" in d[ours], (name, d[ours])
+
+
+def _tiny_qwen2_5_vl(seed):
+    """(a tiny random Qwen2.5-VL, fp32, eager attention; its module; inputs with one 4 x 4-patch
+    image): a vision encoder of 2 blocks (one windowed, one full), heads of 16 channels, then the
+    text model's 2 layers over 3 text tokens, the image's 4 merged tokens and 4 more."""
+    torch.manual_seed(seed)
+    module = _modeling("qwen2_5_vl")
+    config = module.Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                              mrope_section=[2, 3, 3])),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=4,
+                           out_hidden_size=64, patch_size=2, spatial_merge_size=2,
+                           temporal_patch_size=2, window_size=4, fullatt_block_indexes=[1],
+                           in_chans=3),
+        image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.cat([torch.tensor([1, 5, 92] + [90] * 4 + [93]),
+                     torch.randint(3, 90, (4,), generator=g)])[None]
+    inputs = dict(input_ids=ids, pixel_values=torch.randn((16, 3 * 2 * 2 * 2), generator=g),
+                  image_grid_thw=torch.tensor([[1, 4, 4]]))
+    model = module.Qwen2_5_VLForConditionalGeneration(config).to(DEVICE)
+    return model, module, {n: v.to(DEVICE) for n, v in inputs.items()}
+
+
+def test_vision_tiny_model_unchanged_and_patched(seed, monkeypatch):
+    """A tiny Qwen2.5-VL with an image: logits and every parameter's gradient match with ours
+    assigned over ``apply_rotary_pos_emb_vision`` (called once a vision block); ``patch`` given
+    the image assigns it there and Llama's function over the text model's, ``inplace=True``
+    their in-place variants (the same logits); without an image (the default 8 token ids) the
+    vision encoder does not run and only the text function is replaced; ``unpatch`` undoes it."""
+    model, module, inputs = _tiny_qwen2_5_vl(seed)
+    theirs, theirs_text = module.apply_rotary_pos_emb_vision, module.apply_rotary_pos_emb
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", theirs_text)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb_vision", theirs)
+
+    def logits_and_grads():
+        model.zero_grad()
+        out = model(**inputs, labels=inputs["input_ids"])
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                     if p.grad is not None}
+
+    logits, grads = logits_and_grads()
+    assert any(n.startswith("model.visual.") for n in grads)  # the image reached the encoder
+    calls = []
+
+    def ours(*args, **kw):
+        calls.append(1)
+        return rope_kernels.hf.apply_rotary_pos_emb_vision(*args, **kw)
+
+    monkeypatch.setattr(module, "apply_rotary_pos_emb_vision", ours)
+    logits2, grads2 = logits_and_grads()
+    assert len(calls) == model.config.vision_config.depth
+    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
+    assert grads2.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    monkeypatch.setattr(module, "apply_rotary_pos_emb_vision", theirs)
+
+    model.eval()
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    for inplace in (False, True):
+        patched = rope_kernels.hf.patch(model, inplace=inplace, example_inputs=inputs)
+        suffix = "_inplace" if inplace else ""
+        assert sorted((p.name, p.ours.__name__, p.theirs) for p in patched) == [
+            ("apply_rotary_pos_emb", "apply_rotary_pos_emb" + suffix, theirs_text),
+            ("apply_rotary_pos_emb_vision", "apply_rotary_pos_emb_vision" + suffix, theirs)]
+        with torch.no_grad():
+            torch.testing.assert_close(model(**inputs).logits, expected, rtol=1e-5, atol=1e-5)
+        assert rope_kernels.hf.unpatch(model) == [module]
+        assert module.apply_rotary_pos_emb_vision is theirs
+        assert module.apply_rotary_pos_emb is theirs_text
+
+    (patched,) = rope_kernels.hf.patch(model)  # text only: 8 token ids run no image
+    assert (patched.name, patched.ours) == ("apply_rotary_pos_emb",
+                                            rope_kernels.hf.apply_rotary_pos_emb)
+    assert module.apply_rotary_pos_emb_vision is theirs
+    rope_kernels.hf.unpatch(model)
+
+
+@pytest.mark.parametrize("case,exc,words", [
+    ("q 4-D", ValueError, ["apply_rotary_pos_emb_vision: q and k must be 3-D, [tokens, heads, "
+                           "head_dim]", "got shapes (1, 7, 3, 16) and (7, 3, 16)"]),
+    ("k of other tokens", ValueError, ["k must match q in tokens and head_dim",
+                                       "got q (7, 3, 16) and k (6, 3, 16)"]),
+    ("cos 3-D", ValueError, ["cos and sin must have one shape, [tokens, rotary_dim] with tokens "
+                             "= 7", "got (1, 7, 16) and (1, 7, 16)"]),
+    ("cos of other tokens", ValueError, ["with tokens = 7", "got (6, 16) and (6, 16)"]),
+    ("cos wider than the head", ValueError, ["cos.shape[-1] (rotary_dim) must be even, positive "
+                                             "and <= head_dim (16), got 18"]),
+    ("k float64", TypeError, ["k must have dtype float32, float16 or bfloat16"]),
+    ("sin a list", TypeError, ["sin must be a torch.Tensor (see rope_kernels.hf."
+                               "apply_rotary_pos_emb_vision)"]),
+    ("in place, q requires grad", ValueError, ["apply_rotary_pos_emb_vision_inplace cannot "
+                                               "rotate q and k that require grad",
+                                               "use apply_rotary_pos_emb_vision"]),
+])
+def test_vision_bad_input(case, exc, words, seed):
+    """Errors name the argument, what the vision function takes and what it was given."""
+    q, k, cos, sin = _vision_views(torch.float32, seed, False)
+    fn = rope_kernels.hf.apply_rotary_pos_emb_vision
+    if case == "q 4-D":
+        q = q[None]
+    elif case == "k of other tokens":
+        k = k[:6]
+    elif case == "cos 3-D":
+        cos, sin = cos[None], sin[None]
+    elif case == "cos of other tokens":
+        cos, sin = cos[:6], sin[:6]
+    elif case == "cos wider than the head":
+        cos = sin = randn((7, 18), torch.float32, seed)
+    elif case == "k float64":
+        k = k.double()
+    elif case == "sin a list":
+        sin = sin.tolist()
+    else:
+        q, fn = q.requires_grad_(True), rope_kernels.hf.apply_rotary_pos_emb_vision_inplace
+    with pytest.raises(exc) as info:
+        fn(q, k, cos, sin)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("heads,head_dim,interleaved,tile", [
+    (16, 80, False, (1, 16, 2, True)),  # Qwen2.5-VL: loads first on 2 warps
+    (16, 72, False, (1, 16, 2, False)),  # Qwen3-VL: whole rows (ROW 128)
+    (16, 104, False, (1, 16, 2, False)),  # MLCD: whole rows
+    (16, 64, True, (1, 16, 2, True)),  # Inkling 2: pairs as words, loads first on 2 warps
+    (16, 96, False, None),  # Step 3.7: the rules' tile
+    (12, 128, False, None),  # GLM-4V: the rules' tile
+])
+def test_vision_tiles(heads, head_dim, interleaved, tile, seed, gpu_plans, monkeypatch):
+    """The vision functions' calls where a GPU plans them take ``_vision_tile``'s tile (None: the
+    rules'), in the interpreter too, on a fused qkv's views whose strides are multiples of 8
+    (``STRIDE_MULTIPLE`` 8 where the head is not a multiple of 16): results and gradients
+    against float64; with ``VISION_TILES`` and ``STRIDE_MULTIPLES`` off, the same bits."""
+    ours = (rope_kernels.hf.apply_rotary_pos_emb_vision_interleaved if interleaved
+            else rope_kernels.hf.apply_rotary_pos_emb_vision)
+    tokens = 3
+    qkv = randn((tokens, 3 * heads * head_dim), torch.bfloat16, seed)
+    cos, sin = (randn((tokens, head_dim), torch.float32, seed + i) for i in (1, 2))
+    pairs = _VISION_PAIRS[ours]
+    results = {}
+    for switch in (True, False):
+        monkeypatch.setattr(rope_qk, "VISION_TILES", switch)
+        monkeypatch.setattr(rope_qk, "STRIDE_MULTIPLES", switch)
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        qkv_g = qkv.clone().requires_grad_(True)
+        q, k, _ = qkv_g.view(tokens, 3, heads, head_dim).unbind(1)
+        got = ours(q, k, cos, sin)
+        (plan,) = rope_qk._PLANS.values()
+        c = plan.constexprs
+        found = (c["BLOCK_S"], c["BLOCK_H"], plan.num_warps, c["ALL_HEADS"])
+        if switch:
+            assert c["STRIDE_MULTIPLE"] == (8 if head_dim % 16 else 0)
+            if tile is not None:
+                assert found == tile
+                assert c["ROW"] == (128 if head_dim % 16 else 0)
+                assert c["LOADS_FIRST"] == tile[3]
+            rules = found
+        elif tile is None:
+            assert found == rules  # (controls: the rules' tile either way)
+        weights = [randn(g.shape, torch.float32, seed + 5 + i) for i, g in enumerate(got)]
+        sum((g * w).sum() for g, w in zip(got, weights)).backward()
+        q0, k0, _ = qkv.view(tokens, 3, heads, head_dim).unbind(1)
+        q64, k64 = (x.double().requires_grad_(True) for x in (q0, k0))
+        exact = [hf_reference(x, cos, sin, -2, pairs) for x in (q64, k64)]
+        sum((e * w.to(torch.bfloat16).double()).sum() for e, w in zip(exact, weights)).backward()
+        grad = qkv_g.grad.view(tokens, 3, heads, head_dim)
+        for g, e, part in zip(got, exact, "qk"):
+            assert_rope_close(g.detach(), e.detach(), torch.bfloat16, part)
+        assert_rope_close(grad[:, 0], q64.grad, torch.bfloat16, "q.grad")
+        assert_rope_close(grad[:, 1], k64.grad, torch.bfloat16, "k.grad")
+        results[switch] = [g.detach() for g in got] + [grad.clone()]
+    for a, b in zip(results[True], results[False]):
         assert torch.equal(a, b)
