@@ -916,3 +916,72 @@ def test_hf_deepseek_recording_is_quoted_as_recorded():
     assert f"{ours} us,\n  transformers' {theirs_us} us" in NOTES
     assert f"{ours} us, transformers' {theirs_us} us" in recorded
     assert rope_qk.DEEPSEEK_BACKWARD_K_BLOCKS is True
+
+
+def test_hf_vision_recording_is_quoted_as_recorded():
+    """figures/hf_vision_h200.json (scripts/hf_vision.py): the vision encoders' function at 7
+    encoders' shapes and 2 sizes. The notes' table has every row's fractions and per-round speed
+    ratios; the A/B's spans (the 4 shapes changed, the same bits; the controls; MiniMax M3 VL's)
+    in the notes, recorded_results and the kernel file; the forward's figures in the README and
+    recorded_results; transformers' span and the speed-ups."""
+    record = json.loads((FIGURES / "hf_vision_h200.json").read_text())
+    assert record["provenance"]["source_commit"] == "46f2d3d"
+    by = {(r["model"], r["tokens"], r["call"]): r for r in record["rows"]}
+    models = list(dict.fromkeys(r["model"] for r in record["rows"]))
+    sizes = (32768, 65536)
+    assert len(models) == 7 and len(by) == 7 * 2 * 8
+    frac = {key: r["of_copy"] for key, r in by.items()}
+    ratio = {key: statistics.median(r["speed_over_before"]) for key, r in by.items()
+             if "speed_over_before" in r}
+    calls = ("ours", "ours backward", "ours in place")
+    for m in models:
+        for t in sizes:
+            r = by[m, t, "ours"]
+            shape = (f"{r['heads']} x {r['head_dim']}"
+                     + ("" if r["rotary_dim"] == r["head_dim"] else
+                        f" ({r['rotary_dim']} rotated)") + (", pairs" if r["interleaved"] else ""))
+            cells = [m, shape, str(t), f"{r['mbytes']:.0f}"]
+            cells += [f"{frac[m, t, c.replace('ours', 'before')]:.3f} -> {frac[m, t, c]:.3f}"
+                      for c in calls]
+            cells += [" / ".join(f"{ratio[m, t, c]:.3f}" for c in calls),
+                      f"{frac[m, t, 'copy_same']:.3f}", f"{frac[m, t, 'transformers']:.3f}"]
+            assert "| " + " | ".join(cells) + " |" in NOTES, (m, t)
+            for c in ("ours", "ours backward"):
+                assert by[m, t, c]["same_bits"], (m, t, c)
+    changed, controls = ["qwen2_5_vl", "qwen3_vl", "mlcd", "inkling2"], ["glm4v", "step3p7"]
+    spans = {name: _span([ratio[m, t, c] for m in ms for t in sizes for c in cs])
+             for name, ms, cs in (("changed", changed, calls), ("controls", controls, calls),
+                                  ("minimax", ["minimax_m3_vl"], calls[:2]),
+                                  ("minimax in place", ["minimax_m3_vl"], calls[2:]))}
+    notes = " ".join(NOTES.split())
+    assert f"**24 calls {spans['changed']} times the speed before**" in notes
+    assert f"16): {spans['controls']}. MiniMax M3 VL's forward and backward" in notes
+    assert f"gathered rows: {spans['minimax']};" in notes
+    assert f"take the whole-rows tile: {spans['minimax in place']}." in notes
+    for m, label in zip(changed, ("of 80", "of 72", "of 104", "Inkling 2's pairs")):
+        assert f"{label} {_span([ratio[m, t, c] for t in sizes for c in calls])}" in notes, m
+    theirs = _span([frac[m, t, "transformers"] for m in models for t in sizes])
+    speedups = [frac[m, t, "ours"] / frac[m, t, "transformers"] for m in models for t in sizes
+                if m != "minimax_m3_vl"]
+    assert (f"Transformers' own function runs at {theirs} of copy: ours is "
+            f"{min(speedups):.1f}-{max(speedups):.1f} times as fast") in notes
+    recorded = " ".join(RECORDED.split())
+    for m, label in [("qwen2_5_vl", "Qwen2.5-VL's 16 heads of 80"),
+                     ("qwen3_vl", "Qwen3-VL's 16 of 72"), ("glm4v", "GLM-4V's 12 of 128"),
+                     ("mlcd", "MLCD's 16 of 104"), ("step3p7", "Step 3.7's 16 of 96")]:
+        after = f"{frac[m, sizes[0], 'ours']:.3f} / {frac[m, sizes[1], 'ours']:.3f}"
+        assert f"{label} {after}" in recorded, m
+    copies = _span([frac[m, t, "copy_same"] for m in models for t in sizes])
+    assert f"(a copy of the same bytes {copies}; transformers' own function {theirs})" in recorded
+    assert (f"{spans['changed']} times the speed at the 24 calls of the 4 shapes they change, "
+            f"the same bits; {spans['controls']} at the controls") in recorded
+    source = " ".join((ROOT / "rope_kernels" / "rope_qk.py").read_text().replace("#", "").split())
+    assert (f"{spans['changed']} times the speed at the 24 calls of the 4 shapes they change, the "
+            f"same bits; {spans['controls']} at the controls") in source
+    readme = " ".join(README.split())
+    big = {m: frac[m, sizes[1], "ours"] for m in models}
+    assert (f"it runs at {big['qwen2_5_vl']:.3f} of copy at Qwen2.5-VL's 16 heads of 80, "
+            f"{big['glm4v']:.3f} at GLM-4V's 12 of 128 and {big['qwen3_vl']:.3f} at Qwen3-VL's 16 "
+            f"of 72, where transformers' own function runs at {theirs}") in readme
+    slow = _span([ratio[m, t, c] for m in ("qwen3_vl", "mlcd") for t in sizes for c in calls])
+    assert f"At heads of 72 and 104 channels it is {slow} times as fast as before" in readme
