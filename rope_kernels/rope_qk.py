@@ -607,8 +607,6 @@ def _copy_tile(x_ptr, out_ptr, s_idx, s_mask, pid_b, pid_h, heads, width,
              tl.load(x_ptr + x_row + c[None, None, :] * x_d, mask=mask), mask=mask)
 
 
-# Sizes and counts are not specialised (fewer recompilations); strides are, because stride == 1
-# and multiples of 16 are what let Triton vectorise loads and stores.
 @triton.jit
 def _told(a, b, c, d, MULTIPLE: tl.constexpr):
     """a, b, c and d, multiples of ``MULTIPLE``, said so for the compiler (which learns of an
@@ -617,6 +615,8 @@ def _told(a, b, c, d, MULTIPLE: tl.constexpr):
             d // MULTIPLE * MULTIPLE)
 
 
+# Sizes and counts are not specialised (fewer recompilations); strides are, because stride == 1
+# and multiples of 16 are what let Triton vectorise loads and stores.
 @triton.jit(do_not_specialize=["seq_len", "batch", "q_heads", "k_heads", "v_heads", "q_sub",
                                "k_sub", "cp_size", "cp_rank", "q_blocks", "k_blocks",
                                "part_blocks", "s_blocks"])
@@ -1187,7 +1187,8 @@ def _vision_tile(q_heads: int, k_heads: int, head_dim: int, element_size: int,
                  transposed: bool) -> Optional[dict]:
     """The tile of a vision encoder's call (``rope_kernels.hf.apply_rotary_pos_emb_vision``:
     ``[1, tokens, heads, d]``, float32 cos and sin) where the rules fit it badly, in 16-bit with
-    the whole head rotated and as many k heads as q heads, up to 16; None elsewhere
+    the whole head rotated (in place, heads narrowed to their rotated channels count as whole:
+    MiniMax M3 VL's 78 of 80) and as many k heads as q heads, up to 16; None elsewhere
     (``VISION_TILES``). Heads of 80 channels, whose rows the tiles pad to 128 (Qwen2.5-VL's 16 x
     80), or interleaved pairs read as words (Inkling 2's 16 x 64): loads first, one token's heads
     on 2 warps. Heads of a width that is not a multiple of 16 (Qwen3-VL's 16 x 72, MLCD's 16 x
