@@ -1831,6 +1831,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
             q_out, k_out = halved[1], halved[3]
         else:
             q_in, q_out, k_in, k_out = halved
+    # Every part's sizes with each stride tuple the kernel gets (STRIDE_MULTIPLE's values)
+    told = [(q[0], q_in), (q[0], q_out), (k[0], k_in), (k[0], k_out)] + (
+        [(v[0], v[1]), (v[0], v[2])] if v is not None else [])
     scalars = (seq_len, batch, q_heads, k_heads, v_heads, qu, ku, rotary_dim, head_dim, v_dim,
                *q_in, *q_out, *k_in, *k_out, *v_strides, *t_strides, *p_strides, cp_size,
                cp_rank, *offsets, q_blocks, k_blocks, part_blocks, s_blocks)
@@ -1874,11 +1877,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         GATHER=gather,
         CHANNEL_MULTIPLE=_channel_multiple(rotary_dim, head_dim, gather),
         STRIDE_MULTIPLE=_stride_multiple(
-            [st for (sizes, _, _), strides in zip([q, q, k, k] + ([v, v] if v else []),
-                                                  [q_in, q_out, k_in, k_out]
-                                                  + ([v[1], v[2]] if v else []))
-             for n, st in zip(sizes[:4], strides[:4]) if n > 1] + list(offsets),
-            4 if words else element_size),
+            [st for sizes, strides in told for n, st in zip(sizes[:4], strides[:4]) if n > 1]
+            + list(offsets), 4 if words else element_size),
         TABLE_MULTIPLE=_stride_multiple(t_strides[:2], 4),
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
@@ -1890,10 +1890,9 @@ def _channel_multiple(rotary_dim: int, head_dim: int, gather: bool) -> int:
     (Triton knows those); else 0 (nothing to tell: also where that power is 1). The pairs' tiles
     stop at rotary_dim / 2, rotary_dim and head_dim; GATHER's whole rows only at head_dim
     (rotary_dim is used in registers)."""
-    both = math.gcd(rotary_dim, head_dim)
-    if not CHANNEL_MULTIPLES or both % 16 == 0 or (gather and head_dim % 16 == 0):
+    if not CHANNEL_MULTIPLES or (gather and head_dim % 16 == 0):
         return 0
-    multiple = min(8, both & -both)
+    multiple = _power_of_two_dividing((rotary_dim, head_dim))
     return multiple if multiple > 1 else 0
 
 
@@ -1905,13 +1904,19 @@ def _stride_multiple(values, unit: int) -> int:
     vision encoders) have strides of 8 elements, not 16: told, their rows load in 16-byte
     vectors, not one element at a time. Under 16 bytes, telling could only lower what the
     compiler knows of a tensor whose strides are multiples of 16."""
+    if not STRIDE_MULTIPLES:
+        return 0
+    multiple = _power_of_two_dividing(values)
+    return multiple if multiple * unit >= 16 else 0
+
+
+def _power_of_two_dividing(values) -> int:
+    """The largest power of two up to 8 that divides every one of ``values``; 0 where they are
+    all multiples of 16 (the compiler knows that of an integer argument itself) or all 0."""
     both = 0
     for x in values:
         both = math.gcd(both, x)
-    if not STRIDE_MULTIPLES or both == 0 or both % 16 == 0:
-        return 0
-    multiple = min(8, both & -both)
-    return multiple if multiple * unit >= 16 else 0
+    return 0 if both % 16 == 0 else min(8, both & -both)
 
 
 def _tile_angles(angles: int, interleaved: bool) -> int:
