@@ -154,13 +154,14 @@ def measure(model: str, tokens: int, rounds: int, copy_gbps: float, tiles: bool,
     src = torch.empty((qk_bytes + table) // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
 
-    def kernel(module, backward=False, out=None):  # rope_qk's call (ours or the side before)
-        q_out, k_out = out or (None, None)
-        return lambda: module.rope_cos_sin(q[None] if out is None else q_out[None],
-                                           k[None] if out is None else k_out[None], cos, sin, 2,
-                                           backward=backward, pairs=pairs,
-                                           **({} if out is None else
-                                              dict(q_out=q_out[None], k_out=k_out[None])))
+    def kernel(module, backward=False, into=None):
+        """rope_qk's call (ours or the side before) on ``[1, tokens, h, d]`` views; in place
+        into ``into`` (q, k): the same view objects as inputs and outputs, which is how
+        rope_cos_sin tells an in-place call (and plans its narrowed rows)."""
+        x, y = (t[None] for t in (into or (q, k)))
+        outs = dict(q_out=x, k_out=y) if into else {}
+        return lambda: module.rope_cos_sin(x, y, cos, sin, 2, backward=backward, pairs=pairs,
+                                           **outs)
 
     calls = {
         "ours": (lambda: ours(q, k, cos, sin), qk_bytes + table),
@@ -168,7 +169,7 @@ def measure(model: str, tokens: int, rounds: int, copy_gbps: float, tiles: bool,
         "ours in place": (lambda: in_place(q_in, k_in, cos, sin), rotated + table),
         "before": (kernel(before), qk_bytes + table),
         "before backward": (kernel(before, True), qk_bytes + table),
-        "before in place": (kernel(before, out=(bq_in, bk_in)), rotated + table),
+        "before in place": (kernel(before, into=(bq_in, bk_in)), rotated + table),
         "transformers": (lambda: theirs(q, k, cos, sin), qk_bytes + table),
         "copy_same": (lambda: dst.copy_(src), qk_bytes + table),
     }
