@@ -103,6 +103,16 @@ def _checked_call(family: str, batch: int, tokens: int):
     return shape, ours, llama, theirs, pairs, (q, k, cos, sin), (lcos, lsin)
 
 
+def fresh_like(x: torch.Tensor) -> torch.Tensor:
+    """x's values in a new buffer of x's layout (the in-place calls rotate their own copy; the
+    scripts hf_deepseek.py and hf_vision.py use it too)."""
+    # (x's strides may leave gaps: as_strided over a buffer as large as x's span)
+    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+    out = torch.empty(span, dtype=x.dtype, device=x.device).as_strided(x.size(), x.stride())
+    out.copy_(x)
+    return out
+
+
 def timing_fields(ms: list, nbytes: int, copy_gbps: float) -> dict:
     """A row's timing of ``nbytes`` from its milliseconds per round: the median in us, the
     spread, the fraction of copy (this script's and ``hf_one_tensor.py``'s rows)."""

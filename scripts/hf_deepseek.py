@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import rope_kernels.hf as hf  # noqa: E402
-from hf_conventions import timing_fields, write_record  # noqa: E402
+from hf_conventions import fresh_like, timing_fields, write_record  # noqa: E402
 from qk_table_hint import flag_off_copy  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 
@@ -79,15 +79,6 @@ def _views(heads: int, nope: int, lora: int, batch: int, tokens: int, seed=0):
     return q, k, angles.cos().bfloat16(), angles.sin().bfloat16()
 
 
-def _fresh_like(x: torch.Tensor) -> torch.Tensor:
-    """x's values in a new buffer of x's layout (the in-place calls rotate their own copy)."""
-    # (x's strides leave gaps: as_strided over a buffer as large as x's span)
-    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
-    out = torch.empty(span, dtype=x.dtype, device=x.device).as_strided(x.size(), x.stride())
-    out.copy_(x)
-    return out
-
-
 def measure(model: str, rounds: int, copy_gbps: float, before) -> list[dict]:
     heads, nope, lora, batch = SHAPES[model]
     theirs = importlib.import_module(
@@ -96,8 +87,8 @@ def measure(model: str, rounds: int, copy_gbps: float, before) -> list[dict]:
     exact = theirs(q.double(), k.double(), cos.double(), sin.double())
     for got, want in zip(hf.apply_rotary_pos_emb_deepseek(q, k, cos, sin), exact):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
-    q_in, k_in = _fresh_like(q), _fresh_like(k)
-    lq_in, lk_in = _fresh_like(q), _fresh_like(k)
+    q_in, k_in = fresh_like(q), fresh_like(k)
+    lq_in, lk_in = fresh_like(q), fresh_like(k)
     backward = lambda: rope_qk.rope_cos_sin(q, k, cos, sin, 1, backward=True, pairs="deepseek")
     old_backward = lambda: before.rope_cos_sin(q, k, cos, sin, 1, backward=True,
                                                pairs="deepseek")

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import rope_kernels.hf as hf  # noqa: E402
-from hf_conventions import timing_fields, write_record  # noqa: E402
+from hf_conventions import fresh_like, timing_fields, write_record  # noqa: E402
 from qk_table_hint import module_copy  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 
@@ -99,14 +99,6 @@ def views(model: str, tokens: int, seed=0):
     return q, k, angles.cos(), angles.sin(), ours
 
 
-def _fresh_like(x: torch.Tensor) -> torch.Tensor:
-    """x's values in a new buffer of x's layout (the in-place calls rotate their own copy)."""
-    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
-    out = torch.empty(span, dtype=x.dtype, device=x.device).as_strided(x.size(), x.stride())
-    out.copy_(x)
-    return out
-
-
 def _tile_call(q, k, cos, sin, pairs, config, switches):
     """The forward (``rope_qk.rope_cos_sin`` on ``[1, tokens, heads, d]``) planned on ``config``
     (None: the rules) with ``switches`` set: its plan made once, then swapped in for each call
@@ -145,8 +137,8 @@ def measure(model: str, tokens: int, rounds: int, copy_gbps: float, tiles: bool,
     for got, want in zip(ours(q, k, cos, sin), exact):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
     in_place = getattr(hf, ours.__name__ + "_inplace")
-    q_in, k_in = _fresh_like(q), _fresh_like(k)
-    bq_in, bk_in = _fresh_like(q), _fresh_like(k)
+    q_in, k_in = fresh_like(q), fresh_like(k)
+    bq_in, bk_in = fresh_like(q), fresh_like(k)
     pairs = "vision_interleaved" if interleaved else "vision"
     table = 2 * cos.numel() * cos.element_size()
     qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
