@@ -978,8 +978,8 @@ DEEPSEEK_BACKWARD_K_BLOCKS = True
 # The vision encoders' calls (``rope_kernels.hf.apply_rotary_pos_emb_vision``): tiles of their own
 # where the rules fit them badly (``_vision_tile``). Recorded with STRIDE_MULTIPLES against the code
 # before both (scripts/hf_vision.py, figures/hf_vision_h200.json: H200, 5 shuffled rounds, bf16,
-# 7 encoders' shapes, 32768 and 65536 patches): 1.043-1.574 times the speed at the 24 calls of the 4
-# shapes they change, the same bits; 0.988-1.006 at the controls.
+# 7 encoders' shapes, 32768 and 65536 patches): 1.042-1.586 times the speed at the 24 calls of the 4
+# shapes they change, the same bits; 0.990-1.005 at the controls.
 VISION_TILES = True
 # ``_gathered_tile`` out of place in 16-bit on 1 warp: the cache's (and every call whose results are
 # not transposed) (largest row in bytes, rows a program: q's heads first, k's blocks as large),

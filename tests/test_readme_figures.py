@@ -925,7 +925,7 @@ def test_hf_vision_recording_is_quoted_as_recorded():
     in the notes, recorded_results and the kernel file; the forward's figures in the README and
     recorded_results; transformers' span and the speed-ups."""
     record = json.loads((FIGURES / "hf_vision_h200.json").read_text())
-    assert record["provenance"]["source_commit"] == "46f2d3d"
+    assert record["provenance"]["source_commit"] == "55bb132"
     by = {(r["model"], r["tokens"], r["call"]): r for r in record["rows"]}
     models = list(dict.fromkeys(r["model"] for r in record["rows"]))
     sizes = (32768, 65536)
