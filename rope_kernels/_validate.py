@@ -469,6 +469,60 @@ def _validate_vision_meta(q, k, cos, sin, function) -> None:
                          f"{tuple(sin.shape)}")
 
 
+def validate_complex_args(xq, xk, freqs, function: str, names: tuple, heads_axis: int,
+                          vision: bool = False) -> None:
+    """transformers' ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama 4's text model, heads on
+    axis 2; DeepSeek V2's, heads on axis 1) and Llama 4's ``vision_apply_rotary_emb(query, key,
+    freqs_ci)`` (``vision``: the angles of one image's patches, any shape of s * d/2 entries):
+    everything those calls take, checked under the caller's argument names (``names``: q's, k's
+    and the angles'), before the angles become the cos and sin of a q+k call.
+    ``function``: our function's name, for the messages."""
+    sig = None
+    if all(isinstance(x, torch.Tensor) for x in (xq, xk, freqs)):
+        sig = ("complex", _meta(xq), _meta(xk), _meta(freqs), function, heads_axis, vision)
+    _remembered(sig, lambda: _validate_complex_meta(xq, xk, freqs, function, names, heads_axis,
+                                                    vision))
+
+
+def _validate_complex_meta(xq, xk, freqs, function, names, heads_axis, vision) -> None:
+    q_name, k_name, f_name = names
+    for name, x in ((q_name, xq), (k_name, xk)):
+        _tensor(name, x, f"see rope_kernels.hf.{function}")
+        _kernel_dtype(name, x)
+    _tensor(f_name, freqs, f"complex64 angles, see rope_kernels.hf.{function}")
+    if freqs.dtype != torch.complex64:
+        raise TypeError(f"{function}: {f_name} must be complex64 (cos + i sin of each pair's "
+                        f"angle, as transformers' rotary module makes it with torch.polar), got "
+                        f"{freqs.dtype}")
+    layout = "[b, s, h, d]" if heads_axis == 2 else "[b, h, s, d]"
+    if xq.dim() != 4 or xk.dim() != 4:
+        raise ValueError(f"{function}: {q_name} and {k_name} must be 4-D, {layout}, got shapes "
+                         f"{tuple(xq.shape)} and {tuple(xk.shape)}")
+    if xk.dtype != xq.dtype:
+        raise TypeError(f"{function}: {k_name} must have {q_name}'s dtype ({xq.dtype}), got "
+                        f"{xk.dtype}")
+    seq_axis = 3 - heads_axis
+    b, s, d = xq.shape[0], xq.shape[seq_axis], xq.shape[3]
+    if (xk.shape[0], xk.shape[seq_axis], xk.shape[3]) != (b, s, d):
+        raise ValueError(f"{function}: {k_name} must match {q_name} in batch, sequence and "
+                         f"head_dim ({layout}), got {q_name} {tuple(xq.shape)} and {k_name} "
+                         f"{tuple(xk.shape)}")
+    if d % 2:
+        raise ValueError(f"{function}: head_dim must be even (channels 2j and 2j+1 are a complex "
+                         f"number), got {q_name} {tuple(xq.shape)}")
+    if vision:
+        if freqs.numel() != s * d // 2:
+            raise ValueError(f"{function}: {f_name} must hold one angle per patch and pair, "
+                             f"s * head_dim / 2 = {s} * {d // 2} entries (transformers views it "
+                             f"as [1, s, 1, head_dim / 2]), got shape {tuple(freqs.shape)}")
+    elif freqs.dim() != 3 or freqs.shape[0] not in (1, b) or freqs.shape[1:] != (s, d // 2):
+        raise ValueError(f"{function}: {f_name} must be [b or 1, s, head_dim / 2] with b = {b}, "
+                         f"s = {s}, head_dim / 2 = {d // 2} ({q_name} {layout} "
+                         f"{tuple(xq.shape)}), got {tuple(freqs.shape)}")
+    for name, x in ((k_name, xk), (f_name, freqs)):
+        _same_device(name, x, xq.device)
+
+
 def needs_grad(*tensors: torch.Tensor) -> bool:
     """Whether autograd would record a call on ``tensors`` (one of them requires grad and grad
     mode is on)."""

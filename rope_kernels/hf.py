@@ -68,6 +68,18 @@ Two more rotate one tensor a call, with signatures of their own:
   paired by sin and cos of one entry per pair, ``[b, s, d / 2]``, sin first; ``tensor``
   ``[b, s, h, d]``, the rotated slice of q or k.
 
+Three more take the model's angles as complex numbers, ``cos + i sin`` of each pair's angle
+(complex64, the rotary module's ``torch.polar``), and rotate channels 2j and 2j+1 as a complex
+number times it (GPT-J's interleaved pairs), in float32; the kernel reads the real and imaginary
+parts in place as its cos and sin:
+
+- ``apply_rotary_emb_llama4(xq, xk, freqs_cis)``: Llama 4's text model's ``apply_rotary_emb``,
+  xq ``[b, s, h, d]``, freqs_cis ``[b, s, d / 2]``;
+- ``apply_rotary_emb_deepseek_v2(xq, xk, freqs_cis)``: DeepSeek V2's ``apply_rotary_emb`` (the
+  same name and signature), xq ``[b, h, s, d]``, the rotary slice of the queries;
+- ``apply_rotary_emb_llama4_vision(query, key, freqs_ci)``: Llama 4's vision encoder's
+  ``vision_apply_rotary_emb``, query ``[images, patches, h, d]``, one angle per patch and pair.
+
 Assigning one over a model's function of another convention gives wrong results without an error
 (the signatures are the same; GPT-OSS's narrower cos would pass for Llama's partial rotary):
 check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved, ``cat(x2, -x1)`` NanoChat's
@@ -82,8 +94,8 @@ that need a gradient (the out-of-place function is the differentiable one).
 
 ``patch(model)`` does the choosing and the assigning for a model instance: it runs the model once
 on a few tokens, takes the arguments of the first call its attention makes to its module's
-``apply_rotary_pos_emb`` (``apply_rotary_pos_emb_interleave``, ``apply_rotary_pos_emb_vision``),
-and assigns the one function
+``apply_rotary_pos_emb`` (``apply_rotary_pos_emb_interleave``, ``apply_rotary_pos_emb_vision``,
+``apply_rotary_emb``, ``vision_apply_rotary_emb``), and assigns the one function
 of ours that computes transformers' result on them (checked against transformers' function in
 float64); it raises, and changes nothing, where none does or where the call cannot tell them
 apart. ``unpatch(model)`` puts transformers'
@@ -101,7 +113,8 @@ import torch
 from . import _ops
 from . import api as _api
 from . import rope_qk as _qk
-from ._validate import validate_hf_args, validate_in_place, validate_vision_args
+from ._validate import (validate_complex_args, validate_hf_args, validate_in_place,
+                        validate_vision_args)
 
 __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved",
            "apply_rotary_pos_emb_gpt_oss", "apply_rotary_pos_emb_gpt_oss_interleaved",
@@ -114,7 +127,10 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_gptj_inplace", "apply_rotary_pos_emb_deepseek",
            "apply_rotary_pos_emb_deepseek_inplace", "apply_rotary_pos_emb_vision",
            "apply_rotary_pos_emb_vision_inplace", "apply_rotary_pos_emb_vision_interleaved",
-           "apply_rotary_pos_emb_vision_interleaved_inplace", "patch", "unpatch", "Patched"]
+           "apply_rotary_pos_emb_vision_interleaved_inplace", "apply_rotary_emb_llama4",
+           "apply_rotary_emb_llama4_inplace", "apply_rotary_emb_deepseek_v2",
+           "apply_rotary_emb_deepseek_v2_inplace", "apply_rotary_emb_llama4_vision",
+           "apply_rotary_emb_llama4_vision_inplace", "patch", "unpatch", "Patched"]
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
@@ -438,6 +454,116 @@ def _apply_vision(q, k, cos, sin, pairs, name):
     return (q, k) if in_place else (q_embed.squeeze(0), k_embed.squeeze(0))
 
 
+def apply_rotary_emb_llama4(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
+    """RoPE on q and k with the model's complex angles, as ``transformers``' Llama 4 text function
+    ``apply_rotary_emb(xq, xk, freqs_cis)``: channels 2j and 2j+1 taken as the complex number
+    ``xq[2j] + i xq[2j+1]`` and multiplied by ``freqs_cis[..., j]`` (``cos + i sin`` of pair j's
+    angle, the attention scaling folded in), which is GPT-J's interleaved rotation. Assign it
+    over that name::
+
+        import transformers.models.llama4.modeling_llama4 as llama4
+        llama4.apply_rotary_emb = rope_kernels.hf.apply_rotary_emb_llama4
+
+    Args:
+        xq: ``[b, s, h_q, d]`` (Llama 4's attention rotates before it transposes), float32,
+            float16 or bfloat16, any strides.
+        xk: ``[b, s, h_k, d]``, xq's dtype (fewer heads: grouped-query attention).
+        freqs_cis: ``[b, s, d / 2]`` or ``[1, s, d / 2]``, complex64 (its rotary module's
+            ``torch.polar``), broadcast over the heads (``freqs_cis[:, :, None, :]``). Read in
+            place: its real and imaginary parts are the kernel's cos and sin tables.
+
+    Returns:
+        New ``(xq_out, xk_out)`` of xq's and xk's shapes and dtype, laid out like them
+        (transformers' are contiguous; the values are the same). Computed in float32, as
+        transformers' function computes. Differentiable with respect to xq and xk.
+    """
+    return _apply_complex(xq, xk, freqs_cis, 2, "apply_rotary_emb_llama4",
+                          ("xq", "xk", "freqs_cis"))
+
+
+def apply_rotary_emb_deepseek_v2(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
+    """RoPE on q and k with the model's complex angles, as ``transformers``' DeepSeek V2 function
+    ``apply_rotary_emb(xq, xk, freqs_cis)``: Llama 4's rotation (``apply_rotary_emb_llama4``) on
+    q and k with the heads on axis 1, ``freqs_cis.unsqueeze(1)``. Assign it over that name::
+
+        import transformers.models.deepseek_v2.modeling_deepseek_v2 as deepseek_v2
+        deepseek_v2.apply_rotary_emb = rope_kernels.hf.apply_rotary_emb_deepseek_v2
+
+    Args:
+        xq: ``[b, h_q, s, d]``: the rotary slice of the queries (``q_pe``, a view of the
+            projection), any strides.
+        xk: ``[b, h_k, s, d]`` (DeepSeek V2's one shared key head, ``k_pe``), xq's dtype.
+        freqs_cis: ``[b, s, d / 2]`` or ``[1, s, d / 2]``, complex64.
+
+    Returns:
+        As ``apply_rotary_emb_llama4``.
+    """
+    return _apply_complex(xq, xk, freqs_cis, 1, "apply_rotary_emb_deepseek_v2",
+                          ("xq", "xk", "freqs_cis"))
+
+
+def apply_rotary_emb_llama4_vision(query: torch.Tensor, key: torch.Tensor, freqs_ci: torch.Tensor):
+    """RoPE on a vision encoder's q and k with complex angles, as ``transformers``' Llama 4
+    function ``vision_apply_rotary_emb(query, key, freqs_ci)``: Llama 4's rotation
+    (``apply_rotary_emb_llama4``), the same angles for every image. Assign it over that name::
+
+        import transformers.models.llama4.modeling_llama4 as llama4
+        llama4.vision_apply_rotary_emb = rope_kernels.hf.apply_rotary_emb_llama4_vision
+
+    Args:
+        query: ``[images, patches, h, d]``, any strides.
+        key: ``[images, patches, h_k, d]``, query's dtype.
+        freqs_ci: complex64, one angle per patch and pair in any shape of ``patches * d / 2``
+            entries (its rotary module's ``[patches, 1, d / 2]``), taken as ``[patches, d / 2]``.
+
+    Returns:
+        As ``apply_rotary_emb_llama4``.
+    """
+    return _apply_complex(query, key, freqs_ci, 2, "apply_rotary_emb_llama4_vision",
+                          ("query", "key", "freqs_ci"), vision=True)
+
+
+def apply_rotary_emb_llama4_inplace(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
+    """``apply_rotary_emb_llama4`` writing into xq and xk and returning them, as
+    ``apply_rotary_pos_emb_inplace`` (xq and xk must not need a gradient)."""
+    return _apply_complex(xq, xk, freqs_cis, 2, "apply_rotary_emb_llama4_inplace",
+                          ("xq", "xk", "freqs_cis"))
+
+
+def apply_rotary_emb_deepseek_v2_inplace(xq: torch.Tensor, xk: torch.Tensor,
+                                         freqs_cis: torch.Tensor):
+    """``apply_rotary_emb_deepseek_v2`` writing into xq and xk and returning them, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply_complex(xq, xk, freqs_cis, 1, "apply_rotary_emb_deepseek_v2_inplace",
+                          ("xq", "xk", "freqs_cis"))
+
+
+def apply_rotary_emb_llama4_vision_inplace(query: torch.Tensor, key: torch.Tensor,
+                                           freqs_ci: torch.Tensor):
+    """``apply_rotary_emb_llama4_vision`` writing into query and key and returning them, as
+    ``apply_rotary_pos_emb_inplace``."""
+    return _apply_complex(query, key, freqs_ci, 2, "apply_rotary_emb_llama4_vision_inplace",
+                          ("query", "key", "freqs_ci"), vision=True)
+
+
+def _apply_complex(xq, xk, freqs, heads_axis, name, names, vision=False):
+    """The complex-angle functions' body: the real and imaginary parts of ``freqs`` (views, no
+    copy) are the cos and sin of one entry per pair of GPT-OSS's interleaved function
+    ("interleaved_per_pair"), q's heads on ``heads_axis``; ``name``: our function's (ending in
+    ``_inplace`` for the in-place ones), ``names``: the caller's argument names."""
+    validate_complex_args(xq, xk, freqs, name, names, heads_axis, vision)
+    if _api._needs_grad(freqs):
+        raise ValueError(f"{name}: {names[2]} requires grad, but the fused kernel gives no "
+                         f"gradient for it: pass {names[2]}.detach() (transformers' rotary "
+                         f"module computes it from a buffer, without gradient)")
+    if vision:
+        freqs = freqs.reshape(1, xq.shape[1], xq.shape[3] // 2)
+    table = torch.view_as_real(freqs)  # [..., d/2, 2]: cos and sin side by side
+    in_place = name.endswith("_inplace")
+    return _apply(xq, xk, table[..., 0], table[..., 1], heads_axis, "interleaved_per_pair",
+                  in_place, in_place_name=name if in_place else None, names=names[:2])
+
+
 def _apply_one(x, cos, sin, unsqueeze_dim, pairs, one, in_place_name=None):
     """The single-tensor functions' body: x rotated as q with a k of no heads (a view of none of
     x's), through the q+k functions' path; ``one``: x's argument name (for errors);
@@ -460,10 +586,13 @@ def _launch_entry(entry, q, k, cos, sin, in_place):
     return q_embed, k_embed
 
 
-def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_place_name=None):
+def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_place_name=None,
+           names=("q", "k")):
     """The functions' body: ``pairs`` is rope_qk.HF_PAIRS' key; ``in_place``: write into q
     and k and return them. ``one``: the argument name of a single-tensor function's tensor (q;
-    k is then a view of none of its heads), ``in_place_name`` its in-place function's name."""
+    k is then a view of none of its heads), ``in_place_name`` its in-place function's name;
+    ``names``: q's and k's argument names in the caller's signature (for the in-place checks'
+    messages)."""
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.
     shortcuts = _api._SHORTCUTS
@@ -495,7 +624,8 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_pl
                          "computes them from a buffer, without gradient)")
     if in_place:
         name = in_place_name or _IN_PLACE_NAMES[pairs]
-        validate_in_place(name, name[:-len("_inplace")], **({one: q} if one else dict(q=q, k=k)))
+        validate_in_place(name, name[:-len("_inplace")],
+                          **({one: q} if one else {names[0]: q, names[1]: k}))
         if torch.compiler.is_compiling():
             _ops.rope_cos_sin_(q, k, cos, sin, unsqueeze_dim, pairs)
             return q, k
@@ -521,6 +651,9 @@ _IN_PLACE_OF = {
     apply_rotary_pos_emb_gptj: apply_rotary_pos_emb_gptj_inplace,
     apply_rotary_pos_emb_vision: apply_rotary_pos_emb_vision_inplace,
     apply_rotary_pos_emb_vision_interleaved: apply_rotary_pos_emb_vision_interleaved_inplace,
+    apply_rotary_emb_llama4: apply_rotary_emb_llama4_inplace,
+    apply_rotary_emb_deepseek_v2: apply_rotary_emb_deepseek_v2_inplace,
+    apply_rotary_emb_llama4_vision: apply_rotary_emb_llama4_vision_inplace,
 }
 _ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 # How far from transformers' function, computed in float64, a result of ours may be, relative to
@@ -530,16 +663,20 @@ _ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 _PATCH_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 # The names under which transformers' attention calls a modeling module's rotation of q and k:
 # DeepSeek V3's (and its copies') calls the second where ``config.rope_interleave`` is set, the
-# vision encoders of Qwen2-VL and its kind the third.
-_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_vision")
+# vision encoders of Qwen2-VL and its kind the third, Llama 4's text model and DeepSeek V2's (by
+# complex angles) the fourth, Llama 4's vision encoder the fifth.
+_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_vision",
+          "apply_rotary_emb", "vision_apply_rotary_emb")
 # (modeling module, name) -> transformers' function, while one of ours is assigned there
 _ORIGINALS: dict = {}
 
 
 class Patched(NamedTuple):
     """One function of a modeling module that ``patch`` replaced: ``ours`` is there now under
-    ``name`` (``apply_rotary_pos_emb``, DeepSeek V3's ``apply_rotary_pos_emb_interleave``, or a
-    vision encoder's ``apply_rotary_pos_emb_vision``), ``theirs`` (transformers' function) was."""
+    ``name`` (``apply_rotary_pos_emb``, DeepSeek V3's ``apply_rotary_pos_emb_interleave``, a
+    vision encoder's ``apply_rotary_pos_emb_vision``, Llama 4's or DeepSeek V2's
+    ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``), ``theirs`` (transformers'
+    function) was."""
 
     module: types.ModuleType
     ours: Callable
@@ -569,6 +706,8 @@ def _example_inputs(model: torch.nn.Module) -> dict:
 
 
 def _as_float64(x):
+    if isinstance(x, torch.Tensor) and x.is_complex():
+        return x.to(torch.complex128)
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
@@ -576,16 +715,28 @@ def _as_tuple(result) -> tuple:
     return result if isinstance(result, tuple) else (result,)
 
 
-def _distances(theirs: Callable, args: tuple, kwargs: dict) -> dict:
-    """For each out-of-place function of ours: its largest distance from ``theirs`` on the
-    call's arguments, computed in float64, relative to the largest element of that result; or
-    why ours refused the call (the exception's first 160 characters)."""
+def _candidates(name: str) -> list:
+    """The out-of-place functions of ours that ``patch`` tries where a model calls ``name``.
+    Every one but Llama 4's vision function, which is tried only for its own name: on the
+    angles of a batch of one, ``[1, s, d / 2]``, it computes what Llama 4's text function
+    computes, so the two cannot be told apart by computing, only by the name called."""
+    vision = apply_rotary_emb_llama4_vision
+    return [vision] if name == "vision_apply_rotary_emb" else [f for f in _IN_PLACE_OF
+                                                               if f is not vision]
+
+
+def _distances(theirs: Callable, args: tuple, kwargs: dict,
+               name: str = "apply_rotary_pos_emb") -> dict:
+    """For each function of ours that ``patch`` tries for ``name`` (``_candidates``): its
+    largest distance from ``theirs`` on the call's arguments, computed in float64, relative to
+    the largest element of that result; or why ours refused the call (the exception's first 160
+    characters)."""
     expected = _as_tuple(theirs(*map(_as_float64, args),
                                 **{n: _as_float64(v) for n, v in kwargs.items()}))
     # (Mistral Large 4's function returns None for a k of None)
     scale = max(float(e.abs().max()) for e in expected if e is not None)
     distances = {}
-    for ours in _IN_PLACE_OF:
+    for ours in _candidates(name):
         try:
             got = _as_tuple(ours(*args, **kwargs))
         except (TypeError, ValueError) as e:
@@ -609,18 +760,20 @@ def patch(model: torch.nn.Module, inplace: bool = False,
 
     Runs ``model(**example_inputs)`` once under ``torch.no_grad()`` (by default 8 token ids,
     ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` (DeepSeek V3's
-    ``apply_rotary_pos_emb_interleave``, a vision encoder's ``apply_rotary_pos_emb_vision``) of
+    ``apply_rotary_pos_emb_interleave``, a vision encoder's ``apply_rotary_pos_emb_vision``,
+    Llama 4's and DeepSeek V2's ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``) of
     each module that defines the model's classes, and takes the arguments of the first call to
-    each: q, k and the model's own cos and sin, as its attention passes them. Each of our eleven
-    functions is called on them and compared with transformers' function on the same arguments
+    each: q, k and the model's own cos and sin (or complex angles), as its attention passes them.
+    Each of our fourteen functions (Llama 4's vision function for its own name only, the others
+    for the others) is called on them and compared with transformers' function on the same arguments
     in float64; the one within the rounding of q's dtype is assigned (its ``_inplace`` variant
     with ``inplace=True``: for generation and serving, no gradient). Calling it again re-chooses;
     ``unpatch`` undoes it.
 
     Args:
-        model: a ``torch.nn.Module`` whose attention calls its module's ``apply_rotary_pos_emb``,
-            ``apply_rotary_pos_emb_interleave`` or ``apply_rotary_pos_emb_vision`` (the eager and
-            SDPA attention of transformers' models).
+        model: a ``torch.nn.Module`` whose attention calls its module's ``apply_rotary_pos_emb``
+            or another of the names above (the eager and SDPA attention of transformers'
+            models).
         inplace: assign the ``_inplace`` variant (it refuses q and k that need a gradient).
         example_inputs: keyword arguments for ``model``'s forward, in place of the 8 token ids
             (a model that needs other inputs; a vision-language model's vision encoder runs,
@@ -648,7 +801,8 @@ def patch(model: torch.nn.Module, inplace: bool = False,
         raise ValueError(
             f"patch: none of the modules that define {type(model).__name__}'s classes has an "
             f"apply_rotary_pos_emb function (nor DeepSeek V3's apply_rotary_pos_emb_interleave, "
-            f"nor a vision encoder's apply_rotary_pos_emb_vision): "
+            f"nor a vision encoder's apply_rotary_pos_emb_vision, nor Llama 4's "
+            f"apply_rotary_emb or vision_apply_rotary_emb): "
             f"this model does not rotate q and k through one "
             f"(no RoPE, or RoPE computed another way), so there is nothing to replace")
     current = {(module, name): getattr(module, name) for module, name in functions}
@@ -685,7 +839,7 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     for (module, name), (args, kwargs) in captured.items():
         # transformers' function, if ours is there now
         theirs = _ORIGINALS.get((module, name), current[module, name])
-        distances = _distances(theirs, args, kwargs)
+        distances = _distances(theirs, args, kwargs, name)
         q = args[0] if args else kwargs.get("q")
         tolerance = _PATCH_TOLERANCE.get(getattr(q, "dtype", None), 1e-4)
         matches = [ours for ours, d in distances.items()

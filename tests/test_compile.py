@@ -41,6 +41,7 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
     cache = _cache()
     pos = torch.randint(0, 64, (seq,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     hf_cos = randn((2, seq, D), dtype, seed + 5)
+    angle = hf_cos[..., : D // 2].float()  # (Llama 4's rotary module: float32 angles)
     return {
         "te sbhd + start_positions": (
             lambda t: apply_rotary_pos_emb(t, emb, "sbhd", starts, fused=True),
@@ -84,6 +85,10 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
         "hf vision (Qwen2-VL's; q, k [tokens, h, d] views of one qkv)": (
             lambda qkv: _vision(qkv, hf_cos[0].cos(), hf_cos[0].sin()),
             [randn((seq, 3 * 4 * D), dtype, seed)]),
+        "hf llama4 (complex angles made in the graph, [b, s, h, d])": (
+            lambda q, k: rope_kernels.hf.apply_rotary_emb_llama4(
+                q, k, torch.polar(torch.ones_like(angle), angle)),
+            [randn((2, seq, 4, D), dtype, seed), randn((2, seq, 2, D), dtype, seed + 1)]),
         "hf gemma4 (one tensor, [b, s, h, d])": (
             lambda x: rope_kernels.hf.apply_rotary_pos_emb_gemma4(
                 x, hf_cos.cos(), hf_cos.sin(), unsqueeze_dim=2),

@@ -1088,7 +1088,7 @@ def test_no_function_of_ours_computes_deepseek_v4s(rope_channels, seed):
     x = randn((1, 4, 8, 16), torch.float32, seed)
     cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
     distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
-    assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) == 11
+    assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) - 1 == 13  # (not the vision one)
     assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
 
 
@@ -1632,3 +1632,343 @@ def test_vision_tiles(heads, head_dim, interleaved, tile, seed, gpu_plans, monke
         results[switch] = [g.detach() for g in got] + [grad.clone()]
     for a, b in zip(results[True], results[False]):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Complex angles: Llama 4's and DeepSeek V2's apply_rotary_emb, Llama 4's vision_apply_rotary_emb
+# ---------------------------------------------------------------------------------------------
+modeling_llama4 = _Modeling("llama4")
+modeling_deepseek_v2 = _Modeling("deepseek_v2")
+# ours -> (transformers' module, the function's name there, q's heads axis, whether vision)
+COMPLEX = {
+    rope_kernels.hf.apply_rotary_emb_llama4: ("llama4", "apply_rotary_emb", 2, False),
+    rope_kernels.hf.apply_rotary_emb_deepseek_v2: ("deepseek_v2", "apply_rotary_emb", 1, False),
+    rope_kernels.hf.apply_rotary_emb_llama4_vision: ("llama4", "vision_apply_rotary_emb", 2, True),
+}
+
+
+def _complex_call(ours, dtype, seed, fused, b=2, s=7, heads=4, k_heads=2, head_dim=16):
+    """xq, xk and the complex angles as the model of ``ours`` makes them. Llama 4's text and
+    vision attention: ``[b, s, h, d]`` views of the projections, here of one fused qkv
+    projection ``[b, s, (h + 2 h_k) d]`` (``fused``) or of separate ones; DeepSeek V2's: the
+    rotary slice of the query heads ``[b, h, s, nope + d]`` and of the compressed kv ``[b, s,
+    lora + d]`` (one key head), transposed. The angles: ``polar(r, theta)`` of random theta and
+    magnitude r (the attention scaling), ``[b, s, d / 2]``; the vision function's of one image,
+    ``[s, 1, d / 2]`` (its rotary module's shape). Returns (xq, xk, angles, their cos, sin as
+    ``[b or 1, s, d / 2]`` float32, for the float64 formula)."""
+    _, _, heads_axis, vision = COMPLEX[ours]
+    if heads_axis == 1:
+        nope, lora = 8, 24
+        xq = randn((b, s, heads, nope + head_dim), dtype, seed)[..., nope:].transpose(1, 2)
+        xk = randn((b, s, lora + head_dim), dtype, seed + 1)[..., lora:]
+        xk = xk.reshape(b, s, 1, head_dim).transpose(1, 2)
+    elif fused:
+        qkv = randn((b, s, (heads + 2 * k_heads) * head_dim), dtype, seed)
+        xq = qkv[..., : heads * head_dim].view(b, s, heads, head_dim)
+        xk = qkv[..., heads * head_dim: (heads + k_heads) * head_dim].view(b, s, k_heads, head_dim)
+    else:
+        xq = randn((b, s, heads, head_dim), dtype, seed)
+        xk = randn((b, s, k_heads, head_dim), dtype, seed + 1)
+    tb = 1 if vision else b
+    theta = randn((tb, s, head_dim // 2), torch.float32, seed + 2) * 3
+    r = 0.5 + randn((tb, s, head_dim // 2), torch.float32, seed + 3).abs()
+    freqs = torch.polar(r, theta)
+    cos, sin = freqs.real.contiguous(), freqs.imag.contiguous()
+    if vision:
+        freqs = freqs.reshape(s, 1, head_dim // 2)
+    return xq, xk, freqs, cos, sin
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "separate"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ours", list(COMPLEX), ids=lambda f: f.__name__)
+def test_complex_matches_transformers_function(ours, dtype, fused, seed):
+    """Ours against transformers' own function on the views its attention passes: within
+    rounding of theirs (both compute in float32 and round once) and of the float64 formula; the
+    inputs and the angles unchanged; the in-place variant returns the tensors given, holding the
+    same bits."""
+    module, name, heads_axis, _ = COMPLEX[ours]
+    theirs = getattr(_modeling(module), name)
+    in_place = getattr(rope_kernels.hf, ours.__name__ + "_inplace")
+    xq, xk, freqs, cos, sin = _complex_call(ours, dtype, seed, fused)
+    before = xq.clone(), xk.clone(), freqs.clone()
+    got = ours(xq, xk, freqs)
+    want = theirs(xq, xk, freqs)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    for g, w, x, b4, part in zip(got, want, (xq, xk), before, "qk"):
+        assert g.dtype == dtype and g.shape == x.shape
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=part)
+        assert_rope_close(g, hf_reference(b4, cos, sin, heads_axis, "interleaved_per_pair"),
+                          dtype, part)
+        assert torch.equal(x, b4), part  # out of place: the inputs as they were
+    assert torch.equal(freqs, before[2])
+    result = in_place(xq, xk, freqs)
+    assert result[0] is xq and result[1] is xk
+    for x, g, part in zip((xq, xk), got, "qk"):
+        assert torch.equal(x, g), f"{part} in place"
+
+
+@pytest.mark.parametrize("ours", list(COMPLEX), ids=lambda f: f.__name__)
+def test_complex_gradients(ours, seed):
+    """The backward against the float64 gradient of the formula, for xq and for xk, through the
+    views of their projections (the gradient lands in the projection's, the other parts zero)."""
+    _, _, heads_axis, _ = COMPLEX[ours]
+    xq, xk, freqs, cos, sin = _complex_call(ours, torch.float32, seed, True)
+    base_q, base_k = xq._base, xk._base  # the projections the views are of
+    leaves = [t.detach().clone().requires_grad_(True) for t in {id(base_q): base_q,
+                                                                id(base_k): base_k}.values()]
+    views = {id(base_q): leaves[0], id(base_k): leaves[-1]}
+    q = views[id(base_q)].as_strided(xq.shape, xq.stride(), xq.storage_offset())
+    k = views[id(base_k)].as_strided(xk.shape, xk.stride(), xk.storage_offset())
+    got = ours(q, k, freqs)
+    weights = [randn(g.shape, seed=seed + 7 + i) for i, g in enumerate(got)]
+    sum((g * w).sum() for g, w in zip(got, weights)).backward()
+    q64, k64 = (x.detach().double().requires_grad_(True) for x in (xq, xk))
+    exact = [hf_reference(x, cos, sin, heads_axis, "interleaved_per_pair") for x in (q64, k64)]
+    sum((e * w.double()).sum() for e, w in zip(exact, weights)).backward()
+    for leaf, x, x64, part in ((views[id(base_q)], xq, q64, "xq"),
+                               (views[id(base_k)], xk, k64, "xk")):
+        grad = leaf.grad.as_strided(x.shape, x.stride(), x.storage_offset())
+        assert_rope_close(grad, x64.grad, torch.float32, part + ".grad")
+    total = sum(float(leaf.grad.abs().sum()) for leaf in leaves)
+    assert total == pytest.approx(float(q64.grad.abs().sum() + k64.grad.abs().sum()), rel=1e-5)
+
+
+def test_only_ours_computes_the_complex_functions(seed):
+    """On each complex-angle call every function of ours that ``patch`` tries for that name but
+    the matching one refuses or gives other numbers (Llama 4's text and vision functions are
+    tried for their own names only: on one image's angles they compute the same), and the
+    complex functions refuse the cos/sin functions' calls."""
+    for ours, (module, name, _, _) in COMPLEX.items():
+        xq, xk, freqs, _, _ = _complex_call(ours, torch.float32, seed, True)
+        distances = rope_kernels.hf._distances(getattr(_modeling(module), name),
+                                               (xq, xk, freqs), {}, name)
+        assert distances.pop(ours) < 1e-5, ours.__name__
+        assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
+    assert rope_kernels.hf._candidates("vision_apply_rotary_emb") == [
+        rope_kernels.hf.apply_rotary_emb_llama4_vision]
+    q, k, cos, sin = _random_call(seed)
+    d = rope_kernels.hf._distances(_their_function("llama"), (q, k, cos, sin), {})
+    for ours in COMPLEX:
+        assert isinstance(d.get(ours, "not tried"), str), (ours.__name__, d.get(ours))
+
+
+def _tiny_llama4(seed):
+    """(a tiny random Llama 4 text model, fp32, eager attention; token ids): 4 layers (3 of
+    chunked attention with RoPE and qk-norm, one without RoPE), mixture of 2 experts, 4 query
+    heads and 2 key heads of 16 channels."""
+    torch.manual_seed(seed)
+    module = _modeling("llama4")
+    config = module.Llama4TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, intermediate_size_mlp=96,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=128,
+        attention_chunk_size=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config._attn_implementation = "eager"
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed))
+    return module.Llama4ForCausalLM(config).to(DEVICE), ids.to(DEVICE)
+
+
+def _tiny_deepseek_v2(seed):
+    """(a tiny random DeepSeek V2, fp32, eager attention; token ids): multi-head latent
+    attention, q's rotary slice 8 of 24 channels, one shared key head."""
+    torch.manual_seed(seed)
+    module = _modeling("deepseek_v2")
+    config = module.DeepseekV2Config(
+        vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, n_shared_experts=1, q_lora_rank=None, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config._attn_implementation = "eager"
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed))
+    return module.DeepseekV2ForCausalLM(config).to(DEVICE), ids.to(DEVICE)
+
+
+@pytest.mark.parametrize("arch", ["llama4", "deepseek_v2"])
+def test_complex_tiny_models_unchanged_and_patched(arch, seed, monkeypatch):
+    """A tiny Llama 4 (text) and DeepSeek V2: logits and every parameter's gradient match with
+    ours assigned over ``apply_rotary_emb`` (called once a layer with RoPE: Llama 4's layers
+    without RoPE skip it); ``patch`` assigns it there under that name (in bf16 too; Llama 4's
+    ``vision_apply_rotary_emb``, not called, stays), ``inplace=True`` its in-place variant,
+    whose greedy generation gives transformers' tokens; ``unpatch`` undoes it."""
+    model, ids = _tiny_llama4(seed) if arch == "llama4" else _tiny_deepseek_v2(seed)
+    module = _modeling(arch)
+    ours = (rope_kernels.hf.apply_rotary_emb_llama4 if arch == "llama4"
+            else rope_kernels.hf.apply_rotary_emb_deepseek_v2)
+    theirs = module.apply_rotary_emb
+    monkeypatch.setattr(module, "apply_rotary_emb", theirs)
+    if arch == "llama4":
+        monkeypatch.setattr(module, "vision_apply_rotary_emb", module.vision_apply_rotary_emb)
+    calls = _swapped_calls_match(model, module, ids, monkeypatch, ours, "apply_rotary_emb")
+    with_rope = (sum(model.config.no_rope_layers) if arch == "llama4"
+                 else model.config.num_hidden_layers)
+    assert calls == with_rope and 0 < with_rope
+    monkeypatch.setattr(module, "apply_rotary_emb", theirs)
+
+    logits = _logits(model, ids)
+    assert rope_kernels.hf.patch(model) == [(module, ours, theirs, "apply_rotary_emb")]
+    assert module.apply_rotary_emb is ours
+    torch.testing.assert_close(_logits(model, ids), logits, rtol=1e-5, atol=1e-5)
+    assert rope_kernels.hf.unpatch(model) == [module]
+    assert module.apply_rotary_emb is theirs
+
+    patched = _patched_in_place_generates_the_same(model, ids)
+    assert patched.ours is getattr(rope_kernels.hf, ours.__name__ + "_inplace")
+    rope_kernels.hf.unpatch(model)
+
+    bf16 = model.to(torch.bfloat16)
+    expected = _logits(bf16, ids)
+    (patched,) = rope_kernels.hf.patch(bf16)
+    assert (patched.ours, patched.name) == (ours, "apply_rotary_emb")
+    torch.testing.assert_close(_logits(bf16, ids), expected, rtol=0.05, atol=0.05)
+    rope_kernels.hf.unpatch(bf16)
+    assert module.apply_rotary_emb is theirs
+
+
+def test_llama4_vision_encoder_unchanged_and_patched(seed, monkeypatch):
+    """A tiny Llama 4 vision encoder (2 blocks, 4 heads of 16, 16 patches of a 32 x 32 image
+    and the class token, 2 images): its output and every parameter's gradient match with ours
+    assigned over ``vision_apply_rotary_emb``; ``patch`` given the images assigns it there (its
+    in-place variant with ``inplace=True``); ``unpatch`` undoes it."""
+    torch.manual_seed(seed)
+    module = _modeling("llama4")
+    config = module.Llama4VisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=256, image_size=32, patch_size=8,
+                                       vision_output_dim=64, projector_input_dim=64,
+                                       projector_output_dim=64)
+    config._attn_implementation = "eager"
+    model = module.Llama4VisionModel(config).to(DEVICE)
+    pixels = torch.randn((2, 3, 32, 32), generator=torch.Generator().manual_seed(seed))
+    inputs = {"pixel_values": pixels.to(DEVICE)}
+    theirs = module.vision_apply_rotary_emb
+    monkeypatch.setattr(module, "vision_apply_rotary_emb", theirs)
+    monkeypatch.setattr(module, "apply_rotary_emb", module.apply_rotary_emb)
+    weights = randn((2, 16, 64), seed=seed + 1)  # (the encoder's output: 16 patches of 64)
+
+    def output_and_grads():
+        model.zero_grad()
+        out = model(**inputs).last_hidden_state
+        (out * weights[:, : out.shape[1]]).sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                              if p.grad is not None}
+
+    out, grads = output_and_grads()
+    calls = []
+
+    def ours(*args, **kw):
+        calls.append(1)
+        return rope_kernels.hf.apply_rotary_emb_llama4_vision(*args, **kw)
+
+    monkeypatch.setattr(module, "vision_apply_rotary_emb", ours)
+    out2, grads2 = output_and_grads()
+    assert len(calls) == config.num_hidden_layers
+    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+    assert grads2.keys() == grads.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    monkeypatch.setattr(module, "vision_apply_rotary_emb", theirs)
+
+    for inplace in (False, True):
+        patched = rope_kernels.hf.patch(model, inplace=inplace, example_inputs=inputs)
+        suffix = "_inplace" if inplace else ""
+        assert [(p.name, p.ours.__name__, p.theirs) for p in patched] == [
+            ("vision_apply_rotary_emb", "apply_rotary_emb_llama4_vision" + suffix, theirs)]
+        with torch.no_grad():
+            torch.testing.assert_close(model(**inputs).last_hidden_state, out, rtol=1e-5,
+                                       atol=1e-5)
+        assert rope_kernels.hf.unpatch(model) == [module]
+        assert module.vision_apply_rotary_emb is theirs
+
+
+@pytest.mark.parametrize("case,exc,words", [
+    ("freqs_cis real", TypeError, ["apply_rotary_emb_llama4: freqs_cis must be complex64",
+                                   "got torch.float32"]),
+    ("freqs_cis complex128", TypeError, ["freqs_cis must be complex64", "got torch.complex128"]),
+    ("freqs_cis of other tokens", ValueError, [
+        "freqs_cis must be [b or 1, s, head_dim / 2] with b = 2, s = 7, head_dim / 2 = 8",
+        "got (2, 6, 8)"]),
+    ("freqs_cis of the head's width", ValueError, ["head_dim / 2 = 8", "got (2, 7, 16)"]),
+    ("xq 3-D", ValueError, ["xq and xk must be 4-D, [b, s, h, d]", "got shapes (7, 4, 16) and "
+                                                                     "(2, 7, 2, 16)"]),
+    ("xk of other tokens", ValueError, ["xk must match xq in batch, sequence and head_dim",
+                                        "(2, 6, 2, 16)"]),
+    ("xk float16", TypeError, ["xk must have xq's dtype (torch.float32), got torch.float16"]),
+    ("xq float64", TypeError, ["xq must have dtype float32, float16 or bfloat16"]),
+    ("odd head_dim", ValueError, ["head_dim must be even", "(2, 7, 4, 15)"]),
+    ("freqs_cis a list", TypeError, ["freqs_cis must be a torch.Tensor (complex64 angles"]),
+    ("freqs_cis requires grad", ValueError, ["freqs_cis requires grad", "freqs_cis.detach()"]),
+    ("in place, xq requires grad", ValueError, ["apply_rotary_emb_llama4_inplace cannot rotate "
+                                                "xq and xk that require grad",
+                                                "use apply_rotary_emb_llama4"]),
+    ("vision: freqs_ci of other patches", ValueError, [
+        "apply_rotary_emb_llama4_vision: freqs_ci must hold one angle per patch and pair, "
+        "s * head_dim / 2 = 7 * 8 entries", "got shape (6, 1, 8)"]),
+    ("vision: key of other patches", ValueError, ["key must match query in batch, sequence",
+                                                  "(2, 6, 2, 16)"]),
+])
+def test_complex_bad_input(case, exc, words, seed):
+    """Errors name the argument as the caller's signature names it (xq, xk, freqs_cis; Llama 4
+    vision's query, key, freqs_ci), what it must be and what it was given."""
+    fn = rope_kernels.hf.apply_rotary_emb_llama4
+    if case.startswith("vision"):
+        fn = rope_kernels.hf.apply_rotary_emb_llama4_vision
+    xq, xk, freqs, _, _ = _complex_call(fn, torch.float32, seed, False)
+    if case == "freqs_cis real":
+        freqs = freqs.real
+    elif case == "freqs_cis complex128":
+        freqs = freqs.to(torch.complex128)
+    elif case == "freqs_cis of other tokens":
+        freqs = freqs[:, :6]
+    elif case == "freqs_cis of the head's width":
+        freqs = torch.cat((freqs, freqs), -1)
+    elif case == "xq 3-D":
+        xq = xq[0]
+    elif case == "xk of other tokens":
+        xk = xk[:, :6]
+    elif case == "xk float16":
+        xk = xk.half()
+    elif case == "xq float64":
+        xq = xq.double()
+    elif case == "odd head_dim":
+        xq, xk = xq[..., :15], xk[..., :15]
+    elif case == "freqs_cis a list":
+        freqs = freqs.tolist()
+    elif case == "freqs_cis requires grad":
+        freqs = freqs.requires_grad_(True)
+    elif case == "in place, xq requires grad":
+        xq, fn = xq.requires_grad_(True), rope_kernels.hf.apply_rotary_emb_llama4_inplace
+    elif case == "vision: freqs_ci of other patches":
+        freqs = freqs[:6]
+    elif case == "vision: key of other patches":
+        xk = xk[:, :6]
+    with pytest.raises(exc) as info:
+        fn(xq, xk, freqs)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("ours", list(COMPLEX), ids=lambda f: f.__name__)
+def test_complex_gpu_plans(ours, seed, gpu_plans, monkeypatch):
+    """The tiles a GPU plans for these calls, in the interpreter too: the angles' real and
+    imaginary parts are read in place (float32 tables of stride 2, the sine one element after
+    the cosine), at Llama 4's vision heads of 88 too (strides of 8 elements); results against
+    the float64 formula, the same bits as the cos/sin call of GPT-OSS's interleaved function on
+    contiguous tables (which is what the complex functions are)."""
+    heads_axis = COMPLEX[ours][2]
+    for head_dim in (16, 88):
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        xq, xk, freqs, cos, sin = _complex_call(ours, torch.bfloat16, seed, True, s=5,
+                                                heads=3, head_dim=head_dim)
+        got = ours(xq, xk, freqs)
+        (plan,) = rope_qk._PLANS.values()
+        if head_dim == 88:  # (pairs as words: strides of 44 words, 4 told)
+            assert plan.constexprs["STRIDE_MULTIPLE"] == 4
+        for g, x, part in zip(got, (xq, xk), "qk"):
+            assert_rope_close(g, hf_reference(x, cos, sin, heads_axis, "interleaved_per_pair"),
+                              torch.bfloat16, f"{part}, head_dim {head_dim}")
+        same = rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_interleaved(xq, xk, cos, sin,
+                                                                       heads_axis)
+        for g, w in zip(got, same):
+            assert torch.equal(g, w), head_dim
