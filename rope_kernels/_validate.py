@@ -376,7 +376,8 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
 def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half", one=None) -> None:
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature;
     ``pairs``: which of rope_kernels.hf's functions (rope_qk.HF_PAIRS' keys: "half",
-    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "half_negated", "deepseek").
+    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "interleaved_complex",
+    "half_negated", "deepseek").
     ``one``: for a function that rotates one tensor (Gemma 4's, GPT-J's), its argument's name;
     that tensor is ``q``, and ``k`` is not checked (the caller makes it: none of q's heads)."""
     sig = None
@@ -421,7 +422,7 @@ def _validate_hf_meta(q, k, cos, sin, unsqueeze_dim, pairs, one=None) -> None:
         raise ValueError(f"cos must be [b or 1, s, rotary_dim] with b = {b}, s = {s}, got "
                          f"{tuple(cos.shape)}")
     rotary_dim = cos.shape[-1]
-    if pairs.endswith("_per_pair"):
+    if pairs.endswith(("_per_pair", "_complex")):
         gpt_oss = ("apply_rotary_pos_emb_gpt_oss" if pairs == "half_per_pair"
                    else "apply_rotary_pos_emb_gpt_oss_interleaved")
         if 2 * cos.shape[-1] != d:

@@ -134,7 +134,8 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
-_INTERLEAVED |= {vision for vision, pairs in _qk.VISION_PAIRS.items() if pairs in _INTERLEAVED}
+_INTERLEAVED |= {key for key, pairs in (*_qk.VISION_PAIRS.items(), *_qk.COMPLEX_PAIRS.items())
+                 if pairs in _INTERLEAVED}
 _IN_PLACE_NAMES = {"half": "apply_rotary_pos_emb_inplace",
                    "interleaved": "apply_rotary_pos_emb_interleaved_inplace",
                    "glm": "apply_rotary_pos_emb_glm_inplace",
@@ -548,20 +549,58 @@ def apply_rotary_emb_llama4_vision_inplace(query: torch.Tensor, key: torch.Tenso
 
 def _apply_complex(xq, xk, freqs, heads_axis, name, names, vision=False):
     """The complex-angle functions' body: the real and imaginary parts of ``freqs`` (views, no
-    copy) are the cos and sin of one entry per pair of GPT-OSS's interleaved function
-    ("interleaved_per_pair"), q's heads on ``heads_axis``; ``name``: our function's (ending in
-    ``_inplace`` for the in-place ones), ``names``: the caller's argument names."""
-    validate_complex_args(xq, xk, freqs, name, names, heads_axis, vision)
-    if _api._needs_grad(freqs):
+    copy) are the cos and sin of one entry per pair of GPT-OSS's interleaved function, passed
+    as the pairs "interleaved_complex" (the kernel reads both through the real parts' aligned
+    address; Llama 4's vision encoder's on the vision tiles), q's heads on ``heads_axis``;
+    ``name``: our function's (ending in ``_inplace`` for the in-place ones), ``names``: the
+    caller's argument names. Angles whose pairs' two parts are not adjacent (a conjugate view, a
+    last axis of stride other than 1) are read from a copy."""
+    global _LAST_ANGLES
+
+    def check():
+        validate_complex_args(xq, xk, freqs, name, names, heads_axis, vision)
+
+    last = _LAST_ANGLES
+    compiling = torch.compiler.is_compiling()
+    same = freqs is last[0] and not compiling
+    if same and vision:  # (the views' shape is xq's patches by pairs)
+        same = (type(xq) is _Tensor and xq.dim() == 4
+                and last[1].shape == (1, xq.shape[1], xq.shape[3] // 2))
+    if same:
+        # The angles of the call before (a model's layers share them): its views; the checks are
+        # left to _apply, which runs them where its shortcut, whose key holds every shape and
+        # stride they depend on, does not match.
+        cos, sin = last[1], last[2]
+        validate = check
+    else:
+        check()
+        shape = (1, xq.shape[1], xq.shape[3] // 2) if vision else freqs.shape
+        given = freqs
+        if compiling:  # (Dynamo cannot trace is_conj(); resolve_conj is a no-op where false)
+            freqs = freqs.resolve_conj()
+        if freqs.stride(-1) != 1 or (not compiling and freqs.is_conj()):
+            freqs = freqs.resolve_conj().contiguous()  # (view_as_real takes neither)
+        table = torch.view_as_real(freqs.reshape(shape))  # [..., d/2, 2]: cos, sin side by side
+        cos, sin = table[..., 0], table[..., 1]
+        if freqs is given and freqs.numel() <= _KEPT_ANGLES_NUMEL and not compiling:
+            _LAST_ANGLES = (freqs, cos, sin)
+        validate = None
+    if freqs.requires_grad and _api._grad_enabled():
         raise ValueError(f"{name}: {names[2]} requires grad, but the fused kernel gives no "
                          f"gradient for it: pass {names[2]}.detach() (transformers' rotary "
                          f"module computes it from a buffer, without gradient)")
-    if vision:
-        freqs = freqs.reshape(1, xq.shape[1], xq.shape[3] // 2)
-    table = torch.view_as_real(freqs)  # [..., d/2, 2]: cos and sin side by side
     in_place = name.endswith("_inplace")
-    return _apply(xq, xk, table[..., 0], table[..., 1], heads_axis, "interleaved_per_pair",
-                  in_place, in_place_name=name if in_place else None, names=names[:2])
+    pairs = "vision_interleaved_complex" if vision else "interleaved_complex"
+    return _apply(xq, xk, cos, sin, heads_axis, pairs, in_place,
+                  in_place_name=name if in_place else None, names=names[:2], validate=validate)
+
+
+# The last angle tensor and its cos and sin views, kept while it is small (decode-sized: a larger
+# one is not kept alive): every layer of a model's forward passes the same freqs_cis object, and
+# making the views and checking the call cost more than the rest of a decode-sized call's host
+# time.
+_LAST_ANGLES: tuple = (None, None, None)  # (freqs, cos, sin)
+_KEPT_ANGLES_NUMEL = 1 << 16
 
 
 def _apply_one(x, cos, sin, unsqueeze_dim, pairs, one, in_place_name=None):
@@ -587,12 +626,13 @@ def _launch_entry(entry, q, k, cos, sin, in_place):
 
 
 def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_place_name=None,
-           names=("q", "k")):
+           names=("q", "k"), validate=None):
     """The functions' body: ``pairs`` is rope_qk.HF_PAIRS' key; ``in_place``: write into q
     and k and return them. ``one``: the argument name of a single-tensor function's tensor (q;
     k is then a view of none of its heads), ``in_place_name`` its in-place function's name;
     ``names``: q's and k's argument names in the caller's signature (for the in-place checks'
-    messages)."""
+    messages); ``validate``: the caller's own checks, run first where the shortcut does not take
+    the call (the complex-angle functions')."""
     # A repeated eager call takes the shortcut of rope_kernels.api (a decode step calls this once
     # per layer with the same signature): its key is everything the checks and the plan depend on.
     shortcuts = _api._SHORTCUTS
@@ -617,6 +657,8 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_pl
             return _launch_entry(entry, q, k, cos, sin, in_place)
         if entry is False:  # its full path is not one launch
             sig = None
+    if validate is not None:
+        validate()
     validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs, one=one)
     if _api._needs_grad(cos, sin):
         raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "

@@ -674,6 +674,9 @@ def rope_qk_kernel(
     # STRIDE_MULTIPLE, the table's of TABLE_MULTIPLE (4 or 8; 0: nothing told).
     STRIDE_MULTIPLE: tl.constexpr,
     TABLE_MULTIPLE: tl.constexpr,
+    # sin's entries start SIN_OFFSET elements past sin_ptr: 1 where cos and sin are the real and
+    # imaginary parts of one complex tensor (Llama 4's angles), passed as that one tensor.
+    SIN_OFFSET: tl.constexpr,
 ):
     if CHANNEL_MULTIPLE > 1:
         # Said so that the compiler knows it (of an integer argument it learns only whether it is
@@ -709,6 +712,7 @@ def rope_qk_kernel(
     k_out_ptr += k_out_offset
     v_ptr += v_offset
     v_out_ptr += v_out_offset
+    sin_ptr += SIN_OFFSET  # (likewise: the complex angles' one tensor, at its imaginary parts)
     if TOKEN_BLOCKS_FASTEST:
         pid_s = pid % s_blocks
         rest = pid // s_blocks
@@ -1192,12 +1196,16 @@ def _vision_tile(q_heads: int, k_heads: int, head_dim: int, element_size: int,
     (``VISION_TILES``). Heads of 80 channels, whose rows the tiles pad to 128 (Qwen2.5-VL's 16 x
     80), or interleaved pairs read as words (Inkling 2's 16 x 64): loads first, one token's heads
     on 2 warps. Heads of a width that is not a multiple of 16 (Qwen3-VL's 16 x 72, MLCD's 16 x
-    104): whole rows, one token's heads on 2 warps. Chosen from two probes of 12-18 tiles
-    (``scripts/hf_vision.py --tiles``: H200, 3 shuffled rounds, bf16, 32768 tokens, not
-    recorded), forward, of copy, the rules' tile -> this one: 16 x 80 0.780 -> 0.909, 16 x 72
-    0.628 -> 0.742 (0.477 before ``STRIDE_MULTIPLES``), 16 x 104 0.708 -> 0.895, 16 x 64 pairs
-    0.890 -> 0.911; the best of the probe's tiles within 0.8 points of these; 16 x 96 and 12 x
-    128, where the rules' tile was the best or within 0.6 points, keep it."""
+    104): whole rows, one token's heads on 2 warps; but interleaved pairs read as words (Llama
+    4's 16 x 88, angles of one entry per pair): one token's heads on 2 warps, pairs as words.
+    Chosen from two probes of 12-18 tiles (``scripts/hf_vision.py --tiles``: H200, 3 shuffled
+    rounds, bf16, 32768 tokens, not recorded), forward, of copy, the rules' tile -> this one: 16
+    x 80 0.780 -> 0.909, 16 x 72 0.628 -> 0.742 (0.477 before ``STRIDE_MULTIPLES``), 16 x 104
+    0.708 -> 0.895, 16 x 64 pairs 0.890 -> 0.911; the best of the probe's tiles within 0.8
+    points of these; 16 x 96 and 12 x 128, where the rules' tile was the best or within 0.6
+    points, keep it. Llama 4's, from a probe of 16 tiles (``scripts/hf_complex.py --tiles``,
+    the same card and rounds, 16 and 64 images of 577 patches, not recorded): 0.756 -> 0.781
+    and 0.860 -> 0.933, the best of the probe's tiles."""
     if (element_size != 2 or transposed or rotary_dim not in (None, head_dim)
             or q_heads != k_heads or q_heads > 16):
         return None
@@ -1205,6 +1213,8 @@ def _vision_tile(q_heads: int, k_heads: int, head_dim: int, element_size: int,
     block_h = _next_pow2(q_heads)
     if words and width == 64:
         return _loads_first(q_heads, k_heads, num_warps=2)
+    if words and head_dim % 16 != 0:
+        return dict(block_s=1, block_h=block_h, num_warps=2, all_heads=False)
     if interleaved:
         return None
     if head_dim % 16 != 0:
@@ -1757,7 +1767,7 @@ def _max_offset(sizes, strides) -> int:
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
           backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0),
-          in_place=False, aligned=False, deinterleave=0, vision=False):
+          in_place=False, aligned=False, deinterleave=0, vision=False, sin_offset=0):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
@@ -1770,7 +1780,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     all of it rotated. ``deinterleave`` (DeepSeek V3's function, interleaved pairs, the whole head
     rotated): 1 reads interleaved pairs and writes their results half-split, 2 the transpose (its
     backward); the kernel's ``INTERLEAVED`` 3 and 4, the interleaved side as words (the caller
-    ensures that the tensors allow it: ``_aligned`` and ``_words_strides``)."""
+    ensures that the tensors allow it: ``_aligned`` and ``_words_strides``). ``sin_offset``: the
+    kernel's ``SIN_OFFSET`` (1: sin passed as cos's tensor, its entries one element on)."""
     narrowed = in_place and rotary_dim < q[0][4]
     if narrowed:
         q, k = [((*sizes[:4], rotary_dim), *strides) for sizes, *strides in (q, k)]
@@ -1880,6 +1891,7 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
             [st for sizes, strides in told for n, st in zip(sizes[:4], strides[:4]) if n > 1]
             + list(offsets), 4 if words else element_size),
         TABLE_MULTIPLE=_stride_multiple(t_strides[:2], 4),
+        SIN_OFFSET=sin_offset,
     )
     return Plan(grid, scalars, constexprs, cfg["num_warps"])
 
@@ -2178,14 +2190,25 @@ HF_PAIRS = {
 
 
 # The vision encoders' functions (rope_kernels.hf.apply_rotary_pos_emb_vision and its interleaved
-# twin) pass these: the pairs of "half" and "interleaved", planned on tiles of their own
-# (VISION_TILES).
-VISION_PAIRS = {"vision": "half", "vision_interleaved": "interleaved"}
+# twin, and Llama 4's encoder's apply_rotary_emb_llama4_vision) pass these: the pairs of "half",
+# "interleaved" and "interleaved_per_pair", planned on tiles of their own (VISION_TILES).
+VISION_PAIRS = {"vision": "half", "vision_interleaved": "interleaved",
+                "vision_interleaved_complex": "interleaved_per_pair"}
+# The complex-angle functions (Llama 4's, DeepSeek V2's) pass these: "interleaved_per_pair" with
+# cos and sin the real and imaginary parts of one complex64 tensor, sin's entries one element
+# past cos's, which the kernel then reads through cos's pointer (SIN_OFFSET).
+COMPLEX_PAIRS = {"interleaved_complex": "interleaved_per_pair",
+                 "vision_interleaved_complex": "interleaved_per_pair"}
+
+
+def _base_pairs(pairs: str) -> str:
+    """The HF_PAIRS key whose pairs and tables ``pairs`` (any of the keys above) takes."""
+    return VISION_PAIRS.get(pairs) or COMPLEX_PAIRS.get(pairs) or pairs
 
 
 def hf_rotary_dim(cos: torch.Tensor, pairs: str) -> int:
     """How many channels of each head ``pairs``' function rotates with this ``cos``."""
-    return HF_PAIRS[VISION_PAIRS.get(pairs, pairs)][2] * cos.shape[-1]
+    return HF_PAIRS[_base_pairs(pairs)][2] * cos.shape[-1]
 
 
 def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -2202,10 +2225,14 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     ``[b, s, rotary_dim / 2]`` (GPT-OSS's function, OpenAI's privacy filter's); "half_negated"
     as "half" with sin negated (NanoChat's); "deepseek" GLM's pairs and angles with each pair's
     results written to channels j and j + d/2 (DeepSeek V3's ``apply_rotary_pos_emb_interleave``,
-    the whole head rotated; its backward reads those and writes pairs). Writes into ``q_out``
-    and ``k_out`` (pass q and k for in place; both or neither) and returns them; if None, new
-    tensors laid out as transformers' functions lay out theirs (``hf_outputs``)."""
-    angles, interleaved, _ = HF_PAIRS[VISION_PAIRS.get(pairs, pairs)]
+    the whole head rotated; its backward reads those and writes pairs). ``COMPLEX_PAIRS``' keys
+    take "interleaved_per_pair" with cos and sin the real and imaginary parts of one complex
+    tensor (Llama 4's, DeepSeek V2's angles: ``view_as_real(freqs)[..., 0]`` and ``[..., 1]``),
+    which the kernel then reads through cos's address alone (elsewhere as two tables);
+    ``VISION_PAIRS``' keys plan on the vision tiles. Writes into
+    ``q_out`` and ``k_out`` (pass q and k for in place; both or neither) and returns them; if
+    None, new tensors laid out as transformers' functions lay out theirs (``hf_outputs``)."""
+    angles, interleaved, _ = HF_PAIRS[_base_pairs(pairs)]
     rotary_dim = hf_rotary_dim(cos, pairs)
     _check_device(q)
     if (q_out is None) != (k_out is None):
@@ -2219,6 +2246,12 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         out_meta = (q_out.stride(), k_out.stride(), q_out.dtype, k_out.dtype)
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
+    # The complex angles' sin, one element past cos in one tensor, goes to the kernel as cos's
+    # tensor (SIN_OFFSET 1): its own address is not 16-byte aligned, and the package's shortest
+    # launch path takes aligned addresses only (a decode-sized call 9 us longer on an H200 host).
+    sin_next = (pairs in COMPLEX_PAIRS and sin.stride() == cos.stride()
+                and sin.dtype == cos.dtype
+                and sin.data_ptr() == cos.data_ptr() + cos.element_size())
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     in_place = q_out is q and k_out is k
@@ -2236,7 +2269,7 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         return q_out, k_out
     sig = ("hf", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, q.device,
            cos.shape, cos.stride(), cos.dtype, sin.dtype, heads_axis, bool(backward), pairs,
-           aligned, out_meta, in_place)
+           aligned, out_meta, in_place, sin_next)
 
     def make_plan():
         q_sizes, q_in = _sbhd_of_hf(q, heads_axis)
@@ -2251,7 +2284,8 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                      has_positions=False, has_start=False, interleaved=interleaved,
                      backward=backward, cp_size=1, cp_rank=0, t_strides=t_strides,
                      p_strides=(0, 0), same_table=True, in_place=in_place, aligned=aligned,
-                     deinterleave=deinterleave, vision=pairs in VISION_PAIRS)
+                     deinterleave=deinterleave, vision=pairs in VISION_PAIRS,
+                     sin_offset=int(sin_next))
 
-    _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, sin, q, q))
+    _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, cos if sin_next else sin, q, q))
     return q_out, k_out

@@ -99,10 +99,10 @@ def views(model: str, tokens: int, seed=0):
     return q, k, angles.cos(), angles.sin(), ours
 
 
-def _tile_call(q, k, cos, sin, pairs, config, switches):
-    """The forward (``rope_qk.rope_cos_sin`` on ``[1, tokens, heads, d]``) planned on ``config``
-    (None: the rules) with ``switches`` set: its plan made once, then swapped in for each call
-    (planning per call would be timed)."""
+def tile_call(call, config, switches):
+    """``call()`` (a forward through ``rope_qk.rope_cos_sin``) planned on ``config`` (None: the
+    rules) with ``switches`` set: its plan made once, then swapped in for each call (planning per
+    call would be timed). ``scripts/hf_complex.py`` probes its tiles with it too."""
     rules, plans = rope_qk.default_config, rope_qk._PLANS
     saved = {name: getattr(rope_qk, name) for name in switches}
     if config is not None:
@@ -111,20 +111,20 @@ def _tile_call(q, k, cos, sin, pairs, config, switches):
         setattr(rope_qk, name, value)
     rope_qk._PLANS = {}
     try:
-        rope_qk.rope_cos_sin(q[None], k[None], cos, sin, 2, pairs=pairs)
+        call()
         own = rope_qk._PLANS
     finally:
         rope_qk.default_config, rope_qk._PLANS = rules, plans
         for name, value in saved.items():
             setattr(rope_qk, name, value)
 
-    def call():
+    def planned():
         rope_qk._PLANS = own
         try:
-            return rope_qk.rope_cos_sin(q[None], k[None], cos, sin, 2, pairs=pairs)
+            return call()
         finally:
             rope_qk._PLANS = plans
-    return call
+    return planned
 
 
 def measure(model: str, tokens: int, rounds: int, copy_gbps: float, tiles: bool,
@@ -171,11 +171,13 @@ def measure(model: str, tokens: int, rounds: int, copy_gbps: float, tiles: bool,
                                                                kernel(before, True)())),
     }
     if tiles:
+        def forward():
+            return rope_qk.rope_cos_sin(q[None], k[None], cos, sin, 2, pairs=pairs)
+
         for name, (config, switches) in TILES.items():
             if config and config.get("gather") and rotary_dim % 16 == 0:
                 continue  # (gathered partners: rotary_dim not a multiple of 16 only)
-            calls[f"ours {name}"] = (_tile_call(q, k, cos, sin, pairs, config, switches),
-                                     qk_bytes + table)
+            calls[f"ours {name}"] = (tile_call(forward, config, switches), qk_bytes + table)
     with torch.no_grad():
         times = bench.shuffled_times({n: fn for n, (fn, _) in calls.items()}, rounds)
     rows = []

@@ -41,7 +41,9 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
     cache = _cache()
     pos = torch.randint(0, 64, (seq,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     hf_cos = randn((2, seq, D), dtype, seed + 5)
-    angle = hf_cos[..., : D // 2].float()  # (Llama 4's rotary module: float32 angles)
+    # Llama 4's cos + i sin, made in the graph from float32 parts made outside it (exactly: the
+    # parts' bits whatever computes them, so compiled and exported calls match eager's bits)
+    cis = (hf_cos[..., : D // 2].float().cos(), hf_cos[..., : D // 2].float().sin())
     return {
         "te sbhd + start_positions": (
             lambda t: apply_rotary_pos_emb(t, emb, "sbhd", starts, fused=True),
@@ -87,7 +89,7 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             [randn((seq, 3 * 4 * D), dtype, seed)]),
         "hf llama4 (complex angles made in the graph, [b, s, h, d])": (
             lambda q, k: rope_kernels.hf.apply_rotary_emb_llama4(
-                q, k, torch.polar(torch.ones_like(angle), angle)),
+                q, k, torch.complex(*cis)),
             [randn((2, seq, 4, D), dtype, seed), randn((2, seq, 2, D), dtype, seed + 1)]),
         "hf gemma4 (one tensor, [b, s, h, d])": (
             lambda x: rope_kernels.hf.apply_rotary_pos_emb_gemma4(

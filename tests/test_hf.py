@@ -1953,7 +1953,8 @@ def test_complex_bad_input(case, exc, words, seed):
 def test_complex_gpu_plans(ours, seed, gpu_plans, monkeypatch):
     """The tiles a GPU plans for these calls, in the interpreter too: the angles' real and
     imaginary parts are read in place (float32 tables of stride 2, the sine one element after
-    the cosine), at Llama 4's vision heads of 88 too (strides of 8 elements); results against
+    the cosine), at Llama 4's vision heads of 88 too (strides of 8 elements; the vision
+    function on ``_vision_tile``'s tile); results against
     the float64 formula, the same bits as the cos/sin call of GPT-OSS's interleaved function on
     contiguous tables (which is what the complex functions are)."""
     heads_axis = COMPLEX[ours][2]
@@ -1963,8 +1964,13 @@ def test_complex_gpu_plans(ours, seed, gpu_plans, monkeypatch):
                                                 heads=3, head_dim=head_dim)
         got = ours(xq, xk, freqs)
         (plan,) = rope_qk._PLANS.values()
+        c = plan.constexprs
+        assert c["SIN_OFFSET"] == 1  # (sin read through cos's tensor: one address, aligned)
         if head_dim == 88:  # (pairs as words: strides of 44 words, 4 told)
-            assert plan.constexprs["STRIDE_MULTIPLE"] == 4
+            assert c["STRIDE_MULTIPLE"] == 4
+            if COMPLEX[ours][3]:  # Llama 4's encoder: _vision_tile's, one token's 3 heads (4)
+                assert (c["BLOCK_S"], c["BLOCK_H"], plan.num_warps, c["ALL_HEADS"]) == (
+                    1, 4, 2, False)
         for g, x, part in zip(got, (xq, xk), "qk"):
             assert_rope_close(g, hf_reference(x, cos, sin, heads_axis, "interleaved_per_pair"),
                               torch.bfloat16, f"{part}, head_dim {head_dim}")
@@ -1972,3 +1978,67 @@ def test_complex_gpu_plans(ours, seed, gpu_plans, monkeypatch):
                                                                        heads_axis)
         for g, w in zip(got, same):
             assert torch.equal(g, w), head_dim
+
+
+def test_complex_angles_reused_across_layers(seed):
+    """A model's layers pass one angle tensor: the second call reuses its cos and sin views
+    (kept while the tensor is small), with the checks still made for the call's own xq and xk
+    (named as before) and the angles' values as they are now (changed in place: the views see
+    it); a tensor past ``_KEPT_ANGLES_NUMEL`` entries is not kept alive."""
+    ours = rope_kernels.hf.apply_rotary_emb_llama4
+    xq, xk, freqs, cos, sin = _complex_call(ours, torch.float32, seed, False)
+    first = ours(xq, xk, freqs)
+    assert rope_kernels.hf._LAST_ANGLES[0] is freqs
+    again = ours(xq, xk, freqs)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="xk must have xq's dtype"):
+        ours(xq, xk.half(), freqs)
+    with pytest.raises(ValueError, match=r"freqs_cis must be \[b or 1, s, head_dim / 2\]"):
+        ours(xq[:, :5], xk[:, :5], freqs)
+    freqs.mul_(torch.polar(torch.ones(()), torch.tensor(0.5)).to(freqs.device))  # in place
+    turned = ours(xq, xk, freqs)
+    for t, x in zip(turned, (xq, xk)):
+        exact = hf_reference(x, freqs.real, freqs.imag, 2, "interleaved_per_pair")
+        assert_rope_close(t, exact, torch.float32)
+    vision = rope_kernels.hf.apply_rotary_emb_llama4_vision
+    vq, vk, vfreqs, vcos, vsin = _complex_call(vision, torch.float32, seed, False)
+    vision(vq, vk, vfreqs)
+    assert rope_kernels.hf._LAST_ANGLES[0] is vfreqs
+    with pytest.raises(ValueError, match="freqs_ci must hold one angle per patch and pair"):
+        vision(vq[:, :5], vk[:, :5], vfreqs)
+    big = torch.polar(torch.ones(1, 7, 8), torch.zeros(1, 7, 8)).to(xq.device)
+    limit = rope_kernels.hf._KEPT_ANGLES_NUMEL
+    try:
+        rope_kernels.hf._KEPT_ANGLES_NUMEL = big.numel() - 1
+        ours(xq[:1], xk[:1], big)
+        assert rope_kernels.hf._LAST_ANGLES[0] is not big
+    finally:
+        rope_kernels.hf._KEPT_ANGLES_NUMEL = limit
+
+
+def test_complex_angles_of_any_layout(seed):
+    """Angles whose two parts are not side by side in memory (a conjugate view, a transposed
+    tensor: transformers' function takes both) are read from a copy; and ``rope_cos_sin`` given
+    the complex pairs with cos and sin that are not one tensor's parts (as torch.compile may pass
+    them) reads them as two tables (``SIN_OFFSET`` 0), where one tensor's parts take 1: the same
+    results, against transformers' function and the float64 formula."""
+    theirs = _modeling("llama4").apply_rotary_emb
+    ours = rope_kernels.hf.apply_rotary_emb_llama4
+    xq, xk, freqs, cos, sin = _complex_call(ours, torch.float32, seed, False)
+    transposed = freqs.transpose(1, 2).contiguous().transpose(1, 2)
+    for case, angles in (("conjugate", freqs.conj()), ("transposed", transposed)):
+        got = ours(xq, xk, angles)
+        for g, w in zip(got, theirs(xq, xk, angles)):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=case)
+    offsets = {}
+    for case, (c, s_) in (("one tensor's parts", (freqs.real, freqs.imag)),
+                          ("two tensors", (cos, sin))):
+        rope_qk._PLANS.clear()
+        got = rope_qk.rope_cos_sin(xq, xk, c, s_, 2, pairs="interleaved_complex")
+        (plan,) = rope_qk._PLANS.values()
+        offsets[case] = plan.constexprs["SIN_OFFSET"]
+        for g, x in zip(got, (xq, xk)):
+            assert_rope_close(g, hf_reference(x, cos, sin, 2, "interleaved_per_pair"),
+                              torch.float32, case)
+    assert offsets == {"one tensor's parts": 1, "two tensors": 0}

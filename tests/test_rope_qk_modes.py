@@ -1547,3 +1547,26 @@ def test_positions_first(block_s, num_warps, backward, seed, monkeypatch):
     for flag, plan in plans.items():
         assert plan.constexprs["GATHER"] and plan.constexprs["X_FIRST"]
         assert plan.constexprs["POSITIONS_FIRST"] == (flag and num_warps > 1 and block_s >= 4)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_complex_angles(mode, backward, seed):
+    """Llama 4's and DeepSeek V2's angles (``rope_qk.COMPLEX_PAIRS``): cos and sin the real and
+    imaginary parts of one complex tensor, which the kernel reads through cos's pointer
+    (``SIN_OFFSET`` 1), in every program shape, forward and backward, on random angles of
+    random magnitude, against the float64 formula and its gradient."""
+    b, s, q_heads, k_heads, d = 2, 3, 5, 3, 16
+    q = randn((b, s, q_heads, d), torch.float32, seed).transpose(1, 2)
+    k = randn((b, s, k_heads, d), torch.float32, seed + 1).transpose(1, 2)
+    freqs = torch.polar(randn((b, s, d // 2), torch.float32, seed + 2).abs() + 0.5,
+                        randn((b, s, d // 2), torch.float32, seed + 3) * 3)
+    table = torch.view_as_real(freqs)
+    cos, sin = table[..., 0], table[..., 1]
+    rope_qk._PLANS.clear()
+    outs = rope_qk.rope_cos_sin(q, k, cos, sin, 1, backward=backward, pairs="interleaved_complex")
+    (plan,) = rope_qk._PLANS.values()
+    assert plan.constexprs["SIN_OFFSET"] == 1
+    for x, out, name in zip((q, k), outs, "qk"):
+        ref = (_hf_backward_reference if backward else hf_reference)(
+            x, cos, sin, pairs="interleaved_per_pair")
+        assert_rope_close(out, ref, torch.float32, name)
