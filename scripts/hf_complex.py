@@ -119,11 +119,12 @@ def measure(model: str, size: int, rounds: int, copy_gbps: float, tiles: bool) -
     nbytes = qk_bytes + freqs.numel() * freqs.element_size()
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
+    # (the pairs our function passes: the vision encoder's plan on the vision tiles)
+    pairs = "vision_interleaved_complex" if model == "llama4_vision" else "interleaved_complex"
     calls = {
         "ours": lambda: ours(xq, xk, freqs),
         "ours backward": lambda: rope_qk.rope_cos_sin(
-            xq, xk, table[..., 0], table[..., 1], heads_axis, backward=True,
-            pairs="interleaved_complex"),
+            xq, xk, table[..., 0], table[..., 1], heads_axis, backward=True, pairs=pairs),
         "ours in place": lambda: in_place(q_in, k_in, freqs),
         "contiguous tables": contiguous,
         "transformers": lambda: theirs(xq, xk, freqs),
@@ -134,12 +135,12 @@ def measure(model: str, size: int, rounds: int, copy_gbps: float, tiles: bool) -
     if model == "llama4_vision":  # the A/B of its tile (rope_qk._vision_tile)
         calls["ours tiles before"] = tile_call(
             lambda: rope_qk.rope_cos_sin(xq, xk, table[..., 0], table[..., 1], heads_axis,
-                                         pairs="vision_interleaved_complex"),
+                                         pairs=pairs),
             None, dict(VISION_TILES=False))
     if tiles:
         def forward():
             return rope_qk.rope_cos_sin(xq, xk, table[..., 0], table[..., 1], heads_axis,
-                                        pairs="interleaved_complex")
+                                        pairs=pairs)
 
         for name, (config, switches) in TILES.items():
             if not (config and config.get("gather")):  # (gathered partners: half-split pairs)
