@@ -1203,9 +1203,9 @@ def _vision_tile(q_heads: int, k_heads: int, head_dim: int, element_size: int,
     x 80 0.780 -> 0.909, 16 x 72 0.628 -> 0.742 (0.477 before ``STRIDE_MULTIPLES``), 16 x 104
     0.708 -> 0.895, 16 x 64 pairs 0.890 -> 0.911; the best of the probe's tiles within 0.8
     points of these; 16 x 96 and 12 x 128, where the rules' tile was the best or within 0.6
-    points, keep it. Llama 4's, from a probe of 16 tiles (``scripts/hf_complex.py --tiles``,
+    points, keep it. Llama 4's, from a probe of 13 tiles (``scripts/hf_complex.py --tiles``,
     the same card and rounds, 16 and 64 images of 577 patches, not recorded): 0.756 -> 0.781
-    and 0.860 -> 0.933, the best of the probe's tiles."""
+    and 0.857 -> 0.933, the best of the probe's tiles."""
     if (element_size != 2 or transposed or rotary_dim not in (None, head_dim)
             or q_heads != k_heads or q_heads > 16):
         return None

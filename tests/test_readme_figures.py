@@ -985,3 +985,78 @@ def test_hf_vision_recording_is_quoted_as_recorded():
             f"of 72, where transformers' own function runs at {theirs}") in readme
     slow = _span([ratio[m, t, c] for m in ("qwen3_vl", "mlcd") for t in sizes for c in calls])
     assert f"At heads of 72 and 104 channels it is {slow} times as fast as before" in readme
+
+
+def test_hf_complex_recording_is_quoted_as_recorded():
+    """figures/hf_complex_h200.json (scripts/hf_complex.py): the complex-angle functions at Llama
+    4's, DeepSeek-V2's and Llama 4's vision encoder's shapes, 2 sizes each. The notes' table has
+    every row's fractions and per-round speed ratios; the spans (in place against contiguous
+    tables, transformers', the speed-ups) in the notes; the README's and recorded_results'
+    figures, decode rows included."""
+    record = json.loads((FIGURES / "hf_complex_h200.json").read_text())
+    assert record["provenance"]["source_commit"] == "9adcd7a"
+    by = {(r["model"], r["size"], r["call"]): r for r in record["rows"]}
+    frac = {key: r["of_copy"] for key, r in by.items() if "of_copy" in r}
+    sizes = {}
+    for model, size, call in frac:
+        sizes.setdefault(model, []).count(size) or sizes[model].append(size)
+    assert {m: len(s) for m, s in sizes.items()} == {"llama4": 2, "deepseek_v2": 2,
+                                                     "llama4_vision": 2}
+    for m, ss in sizes.items():
+        for s in ss:
+            r = by[m, s, "ours"]
+            unit = "patches" if m == "llama4_vision" else "tokens"
+            ratio = statistics.median(r["speed_over_contiguous"])
+            vision = "-"
+            if m == "llama4_vision":
+                vision = (f"{frac[m, s, 'ours tiles before']:.3f} -> {frac[m, s, 'ours']:.3f} "
+                          f"({statistics.median(r['speed_over_tiles_before']):.3f})")
+            cells = [m, f"{r['q_heads']} / {r['k_heads']} x {r['head_dim']}",
+                     f"{s} x {r['tokens']} {unit}", f"{r['mbytes']:.0f}",
+                     *(f"{frac[m, s, c]:.3f}" for c in ("ours", "ours backward", "ours in place",
+                                                        "contiguous tables")),
+                     f"{ratio:.3f}", vision,
+                     *(f"{frac[m, s, c]:.3f}" for c in ("copy_same", "copy_views",
+                                                        "transformers"))]
+            assert "| " + " | ".join(cells) + " |" in NOTES, (m, s)
+    notes = " ".join(NOTES.split())
+    text = [(m, s) for m in ("llama4", "deepseek_v2") for s in sizes[m]]
+    medians = [statistics.median(by[m, s, "ours"]["speed_over_contiguous"]) for m, s in text]
+    rounds = [x for m, s in text for x in by[m, s, "ours"]["speed_over_contiguous"]]
+    assert (f"the text models run at {_span(medians)} of the speed of the same call on "
+            f"contiguous tables (per round {_span(rounds)})") in notes
+    theirs = _span([frac[m, s, "transformers"] for m, ss in sizes.items() for s in ss])
+    ups = [frac[m, s, "ours"] / frac[m, s, "transformers"] for m, ss in sizes.items() for s in ss]
+    assert (f"Transformers' own functions run at {theirs} of copy: ours is {min(ups):.1f}-"
+            f"{max(ups):.1f} times as fast") in notes
+    vis = [x for s in sizes["llama4_vision"]
+           for x in by["llama4_vision", s, "ours"]["speed_over_tiles_before"]]
+    vis_medians = " / ".join(
+        f"{statistics.median(by['llama4_vision', s, 'ours']['speed_over_tiles_before']):.3f}"
+        for s in sizes["llama4_vision"])
+    assert f"{vis_medians} times the speed on the rules' tile (per round {_span(vis)})" in notes
+    decode = {r["call"][len("decode "):]: r["us_per_call"] for r in record["rows"]
+              if r["call"].startswith("decode ")}
+    d = f"{decode['ours']:.1f} against {decode['contiguous tables']:.1f} on contiguous tables"
+    assert d + f" and {decode['transformers']:.1f} for transformers' own function" in notes
+    big = max(sizes["llama4"])
+    l4, v = ("llama4", big), ("llama4_vision", max(sizes["llama4_vision"]))
+    readme = " ".join(README.split())
+    assert (f"Llama 4's 64 tokens take {decode['ours']:.1f} us back to back "
+            f"({decode['contiguous tables']:.1f} on contiguous cos and sin, "
+            f"{decode['transformers']:.1f} through transformers' function). At {big} x 4096 "
+            f"tokens it runs at {frac[(*l4, 'ours')]:.3f} of copy (a copy of the same bytes "
+            f"{frac[(*l4, 'copy_same')]:.3f}; transformers' own function "
+            f"{frac[(*l4, 'transformers')]:.3f}), and Llama 4's encoder at "
+            f"{frac[(*v, 'ours')]:.3f} at {v[1]} images, "
+            f"{statistics.median(by[(*v, 'ours')]['speed_over_tiles_before']):.3f} times the "
+            f"speed of the rules' tile") in readme
+    recorded = " ".join(RECORDED.split())
+    pairs = {m: " / ".join(f"{frac[m, s, 'ours']:.3f}" for s in sizes[m]) for m in sizes}
+    copies = {m: " / ".join(f"{frac[m, s, 'copy_same']:.3f}" for s in sizes[m]) for m in sizes}
+    assert f"heads of 128: {pairs['llama4']} of copy at 2 / 8 x 4096 tokens" in recorded
+    assert f"(a copy of the same bytes {copies['llama4']})" in recorded
+    assert f"its rotary slices): {pairs['deepseek_v2']} at 2 / 4 x 4096 tokens" in recorded
+    assert f"16 heads of 88: {pairs['llama4_vision']} at 16 / 64 images" in recorded
+    assert (f"{decode['ours']:.1f} us ({decode['contiguous tables']:.1f} on contiguous tables, "
+            f"{decode['transformers']:.1f} through transformers' function)") in recorded
