@@ -376,8 +376,8 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
 def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half", one=None) -> None:
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim), once per signature;
     ``pairs``: which of rope_kernels.hf's functions (rope_qk.HF_PAIRS' keys: "half",
-    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "interleaved_complex",
-    "half_negated", "deepseek").
+    "interleaved", "glm", "half_per_pair", "interleaved_per_pair", "half_negated", "deepseek";
+    or a key of rope_qk.VISION_PAIRS or COMPLEX_PAIRS, checked as the pairs it stands for).
     ``one``: for a function that rotates one tensor (Gemma 4's, GPT-J's), its argument's name;
     that tensor is ``q``, and ``k`` is not checked (the caller makes it: none of q's heads)."""
     sig = None

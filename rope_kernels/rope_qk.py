@@ -2229,9 +2229,9 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     take "interleaved_per_pair" with cos and sin the real and imaginary parts of one complex
     tensor (Llama 4's, DeepSeek V2's angles: ``view_as_real(freqs)[..., 0]`` and ``[..., 1]``),
     which the kernel then reads through cos's address alone (elsewhere as two tables);
-    ``VISION_PAIRS``' keys plan on the vision tiles. Writes into
-    ``q_out`` and ``k_out`` (pass q and k for in place; both or neither) and returns them; if
-    None, new tensors laid out as transformers' functions lay out theirs (``hf_outputs``)."""
+    ``VISION_PAIRS``' keys plan on the vision tiles. Writes into ``q_out`` and ``k_out`` (pass q
+    and k for in place; both or neither) and returns them; if None, new tensors laid out as
+    transformers' functions lay out theirs (``hf_outputs``)."""
     angles, interleaved, _ = HF_PAIRS[_base_pairs(pairs)]
     rotary_dim = hf_rotary_dim(cos, pairs)
     _check_device(q)

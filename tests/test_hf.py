@@ -421,11 +421,14 @@ OURS = {"llama": HF_FUNCTIONS["half"], "gpt_neox": HF_FUNCTIONS["half"],
 
 
 def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"],
-                         name="apply_rotary_pos_emb") -> int:
+                         name="apply_rotary_pos_emb", run=None) -> int:
     """Logits and every parameter's gradient of ``model`` with transformers' function, then with
     ``ours_fn`` assigned over it (the way a user swaps it in; ``name``: the function's name in
-    ``module``): they must match. Returns how many times ours was called."""
-    logits, grads = _logits_and_grads(model, ids)
+    ``module``): they must match. ``run``: what computes them, ``(output, {name: grad})``, where
+    the model takes other inputs than ``ids`` (by default ``_logits_and_grads``). Returns how
+    many times ours was called."""
+    run = run or (lambda: _logits_and_grads(model, ids))
+    logits, grads = run()
     calls = []
 
     def ours(*args, **kw):
@@ -433,9 +436,9 @@ def _swapped_calls_match(model, module, ids, monkeypatch, ours_fn=OURS["llama"],
         return ours_fn(*args, **kw)
 
     monkeypatch.setattr(module, name, ours)
-    logits2, grads2 = _logits_and_grads(model, ids)
+    logits2, grads2 = run()
     torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
-    assert grads2.keys() == grads.keys()
+    assert grads2.keys() == grads.keys() and grads
     for name in grads:
         torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
     return len(calls)
@@ -938,21 +941,53 @@ def test_no_other_function_of_ours_computes_deepseeks(seed):
         assert d[ours] > 0.1, name
 
 
+# A tiny multi-head latent attention model's configuration (DeepSeek V2's and V3's): q's rotary
+# slice 8 of 24 channels, one shared key head, a mixture of 4 experts after one dense layer.
+_TINY_MLA = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+    num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
+    n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+    kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+    max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
 def _tiny_deepseek(seed, rope_interleave=True):
     """(a tiny random DeepSeek V3 causal LM, fp32, eager attention; its module; token ids):
-    multi-head latent attention, q's rotary slice 8 of 24 channels, one shared key head."""
+    ``_TINY_MLA``, q through a low-rank projection."""
     torch.manual_seed(seed)
     module = _modeling("deepseek_v3")
-    config = module.DeepseekV3Config(
-        vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
-        num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-        qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, rope_interleave=rope_interleave)
+    config = module.DeepseekV3Config(**_TINY_MLA, q_lora_rank=32,
+                                     rope_interleave=rope_interleave)
     config._attn_implementation = "eager"
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed))
     return module.DeepseekV3ForCausalLM(config).to(DEVICE), module, ids.to(DEVICE)
+
+
+def _patched_under_its_name(model, module, ids, ours, name):
+    """``patch`` on a tiny fp32 model assigns ``ours`` over its module's function ``name``
+    (transformers', as it is now) and the logits stay transformers'; ``unpatch`` puts it back;
+    ``inplace=True`` assigns its in-place variant, whose greedy generation gives transformers'
+    tokens; in bf16 ``patch`` chooses ``ours`` again (logits within bf16's rounding). Leaves the
+    model in bf16 and transformers' function in place."""
+    theirs = getattr(module, name)
+    logits = _logits(model, ids)
+    assert rope_kernels.hf.patch(model) == [(module, ours, theirs, name)]
+    assert getattr(module, name) is ours
+    torch.testing.assert_close(_logits(model, ids), logits, rtol=1e-5, atol=1e-5)
+    assert rope_kernels.hf.unpatch(model) == [module]
+    assert getattr(module, name) is theirs
+
+    patched = _patched_in_place_generates_the_same(model, ids)
+    assert patched.ours is getattr(rope_kernels.hf, ours.__name__ + "_inplace")
+    rope_kernels.hf.unpatch(model)
+
+    bf16 = model.to(torch.bfloat16)
+    expected = _logits(bf16, ids)
+    (patched,) = rope_kernels.hf.patch(bf16)
+    assert (patched.ours, patched.name) == (ours, name)
+    torch.testing.assert_close(_logits(bf16, ids), expected, rtol=0.05, atol=0.05)
+    rope_kernels.hf.unpatch(bf16)
+    assert getattr(module, name) is theirs
 
 
 def test_deepseek_tiny_model_unchanged_and_patched(seed, monkeypatch):
@@ -965,31 +1000,12 @@ def test_deepseek_tiny_model_unchanged_and_patched(seed, monkeypatch):
     model, module, ids = _tiny_deepseek(seed)
     theirs = module.apply_rotary_pos_emb_interleave
     monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
-    logits = _logits(model, ids)
-    calls = _swapped_calls_match(model, module, ids, monkeypatch,
-                                 rope_kernels.hf.apply_rotary_pos_emb_deepseek,
+    ours = rope_kernels.hf.apply_rotary_pos_emb_deepseek
+    calls = _swapped_calls_match(model, module, ids, monkeypatch, ours,
                                  "apply_rotary_pos_emb_interleave")
     assert calls == model.config.num_hidden_layers
     monkeypatch.setattr(module, "apply_rotary_pos_emb_interleave", theirs)
-
-    ours = rope_kernels.hf.apply_rotary_pos_emb_deepseek
-    assert rope_kernels.hf.patch(model) == [(module, ours, theirs,
-                                             "apply_rotary_pos_emb_interleave")]
-    assert module.apply_rotary_pos_emb_interleave is ours
-    torch.testing.assert_close(_logits(model, ids), logits, rtol=1e-5, atol=1e-5)
-    assert rope_kernels.hf.unpatch(model) == [module]
-    assert module.apply_rotary_pos_emb_interleave is theirs
-
-    patched = _patched_in_place_generates_the_same(model, ids)
-    assert patched.ours is rope_kernels.hf.apply_rotary_pos_emb_deepseek_inplace
-    rope_kernels.hf.unpatch(model)
-
-    bf16 = model.to(torch.bfloat16)
-    expected = _logits(bf16, ids)
-    (patched,) = rope_kernels.hf.patch(bf16)
-    assert (patched.ours, patched.name) == (ours, "apply_rotary_pos_emb_interleave")
-    torch.testing.assert_close(_logits(bf16, ids), expected, rtol=0.05, atol=0.05)
-    rope_kernels.hf.unpatch(bf16)
+    _patched_under_its_name(model, module, ids, ours, "apply_rotary_pos_emb_interleave")
 
     model, module, ids = _tiny_deepseek(seed, rope_interleave=False)
     (patched,) = rope_kernels.hf.patch(model)
@@ -1497,21 +1513,11 @@ def test_vision_tiny_model_unchanged_and_patched(seed, monkeypatch):
         return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
                                      if p.grad is not None}
 
-    logits, grads = logits_and_grads()
-    assert any(n.startswith("model.visual.") for n in grads)  # the image reached the encoder
-    calls = []
-
-    def ours(*args, **kw):
-        calls.append(1)
-        return rope_kernels.hf.apply_rotary_pos_emb_vision(*args, **kw)
-
-    monkeypatch.setattr(module, "apply_rotary_pos_emb_vision", ours)
-    logits2, grads2 = logits_and_grads()
-    assert len(calls) == model.config.vision_config.depth
-    torch.testing.assert_close(logits2, logits, rtol=1e-5, atol=1e-5)
-    assert grads2.keys() == grads.keys()
-    for name in grads:
-        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert any(n.startswith("model.visual.") for n in logits_and_grads()[1])  # (the image ran)
+    calls = _swapped_calls_match(model, module, None, monkeypatch,
+                                 rope_kernels.hf.apply_rotary_pos_emb_vision,
+                                 "apply_rotary_pos_emb_vision", logits_and_grads)
+    assert calls == model.config.vision_config.depth
     monkeypatch.setattr(module, "apply_rotary_pos_emb_vision", theirs)
 
     model.eval()
@@ -1770,17 +1776,11 @@ def _tiny_llama4(seed):
 
 
 def _tiny_deepseek_v2(seed):
-    """(a tiny random DeepSeek V2, fp32, eager attention; token ids): multi-head latent
-    attention, q's rotary slice 8 of 24 channels, one shared key head."""
+    """(a tiny random DeepSeek V2, fp32, eager attention; token ids): ``_TINY_MLA``, q through a
+    full-rank projection."""
     torch.manual_seed(seed)
     module = _modeling("deepseek_v2")
-    config = module.DeepseekV2Config(
-        vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
-        num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, n_shared_experts=1, q_lora_rank=None, kv_lora_rank=16,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=128,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = module.DeepseekV2Config(**_TINY_MLA, q_lora_rank=None)
     config._attn_implementation = "eager"
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(seed))
     return module.DeepseekV2ForCausalLM(config).to(DEVICE), ids.to(DEVICE)
@@ -1806,25 +1806,7 @@ def test_complex_tiny_models_unchanged_and_patched(arch, seed, monkeypatch):
                  else model.config.num_hidden_layers)
     assert calls == with_rope and 0 < with_rope
     monkeypatch.setattr(module, "apply_rotary_emb", theirs)
-
-    logits = _logits(model, ids)
-    assert rope_kernels.hf.patch(model) == [(module, ours, theirs, "apply_rotary_emb")]
-    assert module.apply_rotary_emb is ours
-    torch.testing.assert_close(_logits(model, ids), logits, rtol=1e-5, atol=1e-5)
-    assert rope_kernels.hf.unpatch(model) == [module]
-    assert module.apply_rotary_emb is theirs
-
-    patched = _patched_in_place_generates_the_same(model, ids)
-    assert patched.ours is getattr(rope_kernels.hf, ours.__name__ + "_inplace")
-    rope_kernels.hf.unpatch(model)
-
-    bf16 = model.to(torch.bfloat16)
-    expected = _logits(bf16, ids)
-    (patched,) = rope_kernels.hf.patch(bf16)
-    assert (patched.ours, patched.name) == (ours, "apply_rotary_emb")
-    torch.testing.assert_close(_logits(bf16, ids), expected, rtol=0.05, atol=0.05)
-    rope_kernels.hf.unpatch(bf16)
-    assert module.apply_rotary_emb is theirs
+    _patched_under_its_name(model, module, ids, ours, "apply_rotary_emb")
 
 
 def test_llama4_vision_encoder_unchanged_and_patched(seed, monkeypatch):
@@ -1854,21 +1836,13 @@ def test_llama4_vision_encoder_unchanged_and_patched(seed, monkeypatch):
         return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
                               if p.grad is not None}
 
-    out, grads = output_and_grads()
-    calls = []
-
-    def ours(*args, **kw):
-        calls.append(1)
-        return rope_kernels.hf.apply_rotary_emb_llama4_vision(*args, **kw)
-
-    monkeypatch.setattr(module, "vision_apply_rotary_emb", ours)
-    out2, grads2 = output_and_grads()
-    assert len(calls) == config.num_hidden_layers
-    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
-    assert grads2.keys() == grads.keys() and grads
-    for name in grads:
-        torch.testing.assert_close(grads2[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    calls = _swapped_calls_match(model, module, None, monkeypatch,
+                                 rope_kernels.hf.apply_rotary_emb_llama4_vision,
+                                 "vision_apply_rotary_emb", output_and_grads)
+    assert calls == config.num_hidden_layers
     monkeypatch.setattr(module, "vision_apply_rotary_emb", theirs)
+    with torch.no_grad():
+        out = model(**inputs).last_hidden_state
 
     for inplace in (False, True):
         patched = rope_kernels.hf.patch(model, inplace=inplace, example_inputs=inputs)
