@@ -81,3 +81,32 @@ def test_latency_budget_adds_up_on_the_recorded_run():
         assert sum(b[p] for p in b["parts"]) == pytest.approx(b["total, default call"])
         assert all(b[p] > 0 for p in b["parts"]), b
         assert b["CUDA-graph replay"] < b["total, default call"]
+
+
+def test_complex_tables_are_views_that_rotate_as_llama_4():
+    """Exercise 4: cos and sin share the angles' memory (changing the angles in place changes
+    them), have a stride of 2, sin starts one element on; the q+k call of GPT-OSS's interleaved
+    pairs on them gives the bits of ``apply_rotary_emb_llama4`` and transformers' Llama 4 result
+    within rounding. A copy (``freqs_cis.real.contiguous()``) would fail the first check."""
+    import rope_kernels.hf
+    from transformers.models.llama4 import modeling_llama4
+
+    g = torch.Generator().manual_seed(6)
+    freqs = torch.polar(torch.rand((2, 5, 8), generator=g) + 0.5,
+                        torch.randn((2, 5, 8), generator=g) * 3).to(DEVICE)
+    cos, sin, offset = sol.complex_tables(freqs)
+    assert offset == 1 and cos.shape == sin.shape == freqs.shape
+    assert cos.stride()[-1] == sin.stride()[-1] == 2
+    torch.testing.assert_close(torch.complex(cos, sin), freqs, rtol=0, atol=0)
+    before = cos.clone()
+    freqs.mul_(torch.polar(torch.ones(()), torch.tensor(0.3)).to(DEVICE))  # the views follow
+    assert not torch.equal(cos, before)
+    torch.testing.assert_close(torch.complex(cos, sin), freqs, rtol=0, atol=0)
+    xq = torch.randn((2, 5, 4, 16), generator=g).to(DEVICE)
+    xk = torch.randn((2, 5, 2, 16), generator=g).to(DEVICE)
+    ours = rope_kernels.hf.apply_rotary_pos_emb_gpt_oss_interleaved(xq, xk, cos, sin,
+                                                                   unsqueeze_dim=2)
+    for a, b in zip(ours, rope_kernels.hf.apply_rotary_emb_llama4(xq, xk, freqs)):
+        assert torch.equal(a, b)
+    for a, b in zip(ours, modeling_llama4.apply_rotary_emb(xq, xk, freqs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

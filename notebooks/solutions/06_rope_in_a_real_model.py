@@ -7,6 +7,8 @@ Exercise 1: ``swap_rope``           a context manager that puts our RoPE into a 
                                     module and restores the original afterwards.
 Exercise 2: ``count_graph_breaks``  graph breaks and graphs of a function under torch.compile.
 Exercise 3: ``latency_budget``      a decode-sized call's microseconds, piece by piece.
+Exercise 4: ``complex_tables``      the cos and sin tables the kernel reads from Llama 4's complex
+                                    angles, as views of them, and where sin starts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["swap_rope", "count_graph_breaks", "latency_budget"]
+__all__ = ["swap_rope", "count_graph_breaks", "latency_budget", "complex_tables"]
 
 
 @contextlib.contextmanager
@@ -86,3 +88,14 @@ def latency_budget(rows: dict, with_start: bool = True) -> dict:
     budget["total, default call"] = default
     budget["CUDA-graph replay"] = rows[f"te {label}: CUDA graph replay of the default call"]
     return budget
+
+
+def complex_tables(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Exercise 4: ``(cos, sin, offset)`` from Llama 4's complex angles ``freqs_cis`` [b, s, d/2]
+    (complex64): cos and sin as float32 views of the angles' own memory (no copy), [b, s, d/2]
+    with a stride of 2 along the last axis, and ``offset``, how many float32 elements sin's first
+    entry lies past cos's (what the kernel's ``SIN_OFFSET`` says, so that the package can hand
+    it cos's tensor, 16-byte aligned, for both)."""
+    table = torch.view_as_real(freqs_cis)  # [b, s, d/2, 2]: real and imaginary side by side
+    cos, sin = table[..., 0], table[..., 1]
+    return cos, sin, (sin.data_ptr() - cos.data_ptr()) // cos.element_size()
