@@ -585,7 +585,7 @@ def _apply_complex(xq, xk, freqs, heads_axis, name, names, vision=False):
         if freqs is given and freqs.numel() <= _KEPT_ANGLES_NUMEL and not compiling:
             _LAST_ANGLES = (freqs, cos, sin)
         validate = None
-    if freqs.requires_grad and _api._grad_enabled():
+    if _api._needs_grad(freqs):
         raise ValueError(f"{name}: {names[2]} requires grad, but the fused kernel gives no "
                          f"gradient for it: pass {names[2]}.detach() (transformers' rotary "
                          f"module computes it from a buffer, without gradient)")

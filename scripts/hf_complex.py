@@ -31,8 +31,8 @@ it is also the rules' tile), ``ours tiles before`` (the vision encoder's forward
 eager), ``copy_same`` (a copy of the bytes ``ours`` moves) and ``copy_views`` (q and k copied
 into tensors of their layout: the in-place calls' reads and writes, two launches). Bytes: q and
 k read and written once, plus the angles (8 bytes a pair) read once (``copy_views`` moves no
-angles, and is counted as if it did, as the calls it is set against). Before timing, ours is checked against
-transformers' function. ``decode``: Llama 4's 64 tokens of one sequence, back-to-back calls
+angles, and is counted as if it did, as the calls it is set against). Before timing, ours is
+checked against transformers' function. ``decode``: Llama 4's 64 tokens of one sequence, back-to-back calls
 (``bench.time_per_call_us``, Python launch included). ``--tiles`` adds the forward on the tiles
 of ``scripts/hf_vision.py``'s probe (``TILES``; not the gathered partners, which are half-split
 pairs).
