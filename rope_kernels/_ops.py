@@ -208,3 +208,31 @@ def rope_cos_sin_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, heads_axis: in
 @rope_cos_sin_.register_fake
 def _(q, k, cos, sin, heads_axis, pairs):
     return None
+
+
+# --- DeepSeek V4's apply_rotary_pos_emb: the last channels of each head rotated --------------
+@torch.library.custom_op("rope_kernels::rope_trailing", mutates_args=())
+def rope_trailing(x: Tensor, cos: Tensor, sin: Tensor, heads_axis: int, backward: bool,
+                  pairs: str) -> Tensor:
+    return _qk.rope_trailing(x, cos, sin, heads_axis, backward=backward, pairs=pairs)
+
+
+@rope_trailing.register_fake
+def _(x, cos, sin, heads_axis, backward, pairs):
+    return x.new_empty(x.shape)
+
+
+def _trailing_setup(ctx, inputs, output):
+    x, cos, sin, heads_axis, bwd, pairs = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.args = (heads_axis, bwd, pairs)
+
+
+def _trailing_backward(ctx, grad):
+    # The copied channels' gradient is copied; the rotated ones' is rotated by R(theta)^T.
+    cos, sin = ctx.saved_tensors
+    heads_axis, bwd, pairs = ctx.args
+    return rope_trailing(grad, cos, sin, heads_axis, not bwd, pairs), None, None, None, None, None
+
+
+rope_trailing.register_autograd(_trailing_backward, setup_context=_trailing_setup)

@@ -59,7 +59,7 @@ computed in float32 and returned in q's dtype:
 - ``apply_rotary_pos_emb_vision_interleaved``: Inkling 2's (``inkling2``): channels 2j and 2j+1
   paired, cos and sin repeat_interleaved (Cohere's pairing).
 
-Two more rotate one tensor a call, with signatures of their own:
+Three more rotate one tensor a call, with signatures of their own:
 
 - ``apply_rotary_pos_emb_gemma4(x, cos, sin, unsqueeze_dim=1)``: Gemma 3n's and Gemma 4's (Gemma 4
   unified's, DiffusionGemma's): Llama's pairing and cos, q and k rotated by separate calls (each
@@ -67,6 +67,9 @@ Two more rotate one tensor a call, with signatures of their own:
 - ``apply_rotary_pos_emb_gptj(tensor, sin, cos)``: GPT-J's and CodeGen's: channels 2j and 2j+1
   paired by sin and cos of one entry per pair, ``[b, s, d / 2]``, sin first; ``tensor``
   ``[b, s, h, d]``, the rotated slice of q or k.
+- ``apply_rotary_pos_emb_deepseek_v4(x, cos, sin, unsqueeze_dim=1)``: DeepSeek V4's: heads laid
+  out ``[nope | rope]``, the last ``2 * cos.shape[-1]`` channels rotated with channels 2j and
+  2j+1 of that slice paired by cos and sin of one entry per pair, the rest copied.
 
 Three more take the model's angles as complex numbers, ``cos + i sin`` of each pair's angle
 (complex64, the rotary module's ``torch.polar``), and rotate channels 2j and 2j+1 as a complex
@@ -124,7 +127,8 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_gpt_oss_interleaved_inplace",
            "apply_rotary_pos_emb_nanochat_inplace", "apply_rotary_pos_emb_gemma4",
            "apply_rotary_pos_emb_gemma4_inplace", "apply_rotary_pos_emb_gptj",
-           "apply_rotary_pos_emb_gptj_inplace", "apply_rotary_pos_emb_deepseek",
+           "apply_rotary_pos_emb_gptj_inplace", "apply_rotary_pos_emb_deepseek_v4",
+           "apply_rotary_pos_emb_deepseek_v4_inplace", "apply_rotary_pos_emb_deepseek",
            "apply_rotary_pos_emb_deepseek_inplace", "apply_rotary_pos_emb_vision",
            "apply_rotary_pos_emb_vision_inplace", "apply_rotary_pos_emb_vision_interleaved",
            "apply_rotary_pos_emb_vision_interleaved_inplace", "apply_rotary_emb_llama4",
@@ -371,6 +375,77 @@ def apply_rotary_pos_emb_gptj(tensor: torch.Tensor, sin: torch.Tensor, cos: torc
     return _apply_one(tensor, cos, sin, 2, "interleaved_per_pair", "tensor")
 
 
+def apply_rotary_pos_emb_deepseek_v4(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                     unsqueeze_dim: int = 1):
+    """RoPE on one tensor, as ``transformers``' DeepSeek V4 function (its module's
+    ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``): each head is laid out ``[nope |
+    rope]``, and its last ``2 * cos.shape[-1]`` channels are rotated, channels 2j and 2j+1 of
+    that slice paired by pair j's cos and sin (one entry per pair; their function
+    repeat_interleaves them), as ``apply_rotary_pos_emb_gpt_oss_interleaved`` pairs them. The
+    channels before the slice are copied. Its attention calls it on q, on the shared key-value
+    head, on the compressed keys, and with ``-sin`` on the attention's output.
+
+    Args:
+        x: ``[b, h, s, d]`` (``unsqueeze_dim=1``, what its attention passes) or ``[b, s, h, d]``
+            (``unsqueeze_dim=2``), float32/float16/bfloat16, any strides.
+        cos, sin: ``[b, s, rope / 2]`` (or ``[s, rope / 2]``, or batch 1 for all), one entry
+            per pair of the ``rope = 2 * cos.shape[-1] <= d`` rotated channels, any float dtype.
+        unsqueeze_dim: the axis of x that holds the heads.
+
+    Returns:
+        A new contiguous tensor of x's shape and dtype (theirs ends in ``torch.cat``): one
+        launch reads x once and writes it, the rotary slice rotated in float32 and the rest
+        copied (``rope_qk.rope_trailing``). Differentiable with respect to x.
+    """
+    pairs = "interleaved_per_pair"
+    # A repeated eager call takes the shortcut of rope_kernels.api, as _apply's calls do: the
+    # one launch's pointers are x, cos, sin and the new result (rope_qk.rope_trailing).
+    shortcuts = _api._SHORTCUTS
+    sig = None
+    if (type(x) is _Tensor and type(cos) is _Tensor and type(sin) is _Tensor
+            and type(unsqueeze_dim) is int and shortcuts.enabled and not _api._is_compiling()
+            and not (_api._grad_enabled() and (x.requires_grad or cos.requires_grad
+                                               or sin.requires_grad))):
+        flags = ("hf deepseek_v4", unsqueeze_dim, _qk._aligned(x))
+        for known, check, entry in shortcuts.recent:
+            if known == flags and check(x, cos, sin):
+                return entry((x, cos, sin))[0]
+        sig = (flags, x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(),
+               cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device)
+        entry = shortcuts.entries.get(sig)
+        if entry:
+            shortcuts.remember(flags, (x, cos, sin), entry)
+            return entry((x, cos, sin))[0]
+        if entry is False:
+            sig = None
+    rope = _trailing_rope(x, cos, "apply_rotary_pos_emb_deepseek_v4")
+    # The slice's checks (not tensors: the checks of x itself, which say what is wrong)
+    validate_hf_args(x if rope is None else rope, None, cos, sin, unsqueeze_dim, pairs, one="x")
+    _refuse_angle_gradients(cos, sin)
+    if torch.compiler.is_compiling() or _api._needs_grad(x):
+        return _ops.rope_trailing(x, cos, sin, unsqueeze_dim, False, pairs)
+    return shortcuts.full_path(
+        sig, lambda: _qk.rope_trailing(x, cos, sin, unsqueeze_dim, pairs=pairs), (x, cos, sin),
+        lambda out: (out,))
+
+
+def _trailing_rope(x, cos, name):
+    """DeepSeek V4's rotary slice of x, the last ``2 * cos.shape[-1]`` channels of each head (a
+    view); None where x or cos is not a tensor of at least one axis (the shared checks then
+    name what is wrong)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(cos, torch.Tensor) and x.dim() >= 1
+            and cos.dim() >= 1):
+        return None
+    width = 2 * cos.shape[-1]
+    if not 0 < width <= x.shape[-1]:
+        raise ValueError(
+            f"{name}: cos must have one entry per pair of x's rotated channels, the last "
+            f"2 * cos.shape[-1] of each head, so 0 < 2 * cos.shape[-1] <= head_dim "
+            f"({x.shape[-1]}); got cos {tuple(cos.shape)} (2 * {cos.shape[-1]} = {width}) for "
+            f"x {tuple(x.shape)}")
+    return x.narrow(-1, x.shape[-1] - width, width)
+
+
 def apply_rotary_pos_emb_gemma4_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                         unsqueeze_dim: int = 1):
     """``apply_rotary_pos_emb_gemma4`` writing into x and returning it, as
@@ -385,6 +460,18 @@ def apply_rotary_pos_emb_gptj_inplace(tensor: torch.Tensor, sin: torch.Tensor, c
     passes a view of q's or k's first channels; those are written where they lie."""
     return _apply_one(tensor, cos, sin, 2, "interleaved_per_pair", "tensor",
                       "apply_rotary_pos_emb_gptj_inplace")
+
+
+def apply_rotary_pos_emb_deepseek_v4_inplace(x: torch.Tensor, cos: torch.Tensor,
+                                             sin: torch.Tensor, unsqueeze_dim: int = 1):
+    """``apply_rotary_pos_emb_deepseek_v4`` writing into x's rotary slice and returning x, as
+    ``apply_rotary_pos_emb_inplace`` (x must not need a gradient): the channels before the slice
+    are neither read nor written."""
+    name = "apply_rotary_pos_emb_deepseek_v4_inplace"
+    rope = _trailing_rope(x, cos, name)
+    _apply_one(x if rope is None else rope, cos, sin, unsqueeze_dim, "interleaved_per_pair", "x",
+               name)
+    return x
 
 
 def apply_rotary_pos_emb_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -616,6 +703,13 @@ def _apply_one(x, cos, sin, unsqueeze_dim, pairs, one, in_place_name=None):
                   in_place_name)[0]
 
 
+def _refuse_angle_gradients(cos, sin):
+    if _api._needs_grad(cos, sin):
+        raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
+                         "pass cos.detach() and sin.detach() (transformers' rotary module "
+                         "computes them from a buffer, without gradient)")
+
+
 def _launch_entry(entry, q, k, cos, sin, in_place):
     """A shortcut's launch: (q, k) rotated where they lie, or the new (q_embed, k_embed)."""
     if in_place:
@@ -660,10 +754,7 @@ def _apply(q, k, cos, sin, unsqueeze_dim, pairs, in_place=False, one=None, in_pl
     if validate is not None:
         validate()
     validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs, one=one)
-    if _api._needs_grad(cos, sin):
-        raise ValueError("cos/sin require grad, but the fused kernel gives no gradient for them: "
-                         "pass cos.detach() and sin.detach() (transformers' rotary module "
-                         "computes them from a buffer, without gradient)")
+    _refuse_angle_gradients(cos, sin)
     if in_place:
         name = in_place_name or _IN_PLACE_NAMES[pairs]
         validate_in_place(name, name[:-len("_inplace")],
@@ -691,6 +782,7 @@ _IN_PLACE_OF = {
     **{globals()[name[:-len("_inplace")]]: globals()[name] for name in _IN_PLACE_NAMES.values()},
     apply_rotary_pos_emb_gemma4: apply_rotary_pos_emb_gemma4_inplace,
     apply_rotary_pos_emb_gptj: apply_rotary_pos_emb_gptj_inplace,
+    apply_rotary_pos_emb_deepseek_v4: apply_rotary_pos_emb_deepseek_v4_inplace,
     apply_rotary_pos_emb_vision: apply_rotary_pos_emb_vision_inplace,
     apply_rotary_pos_emb_vision_interleaved: apply_rotary_pos_emb_vision_interleaved_inplace,
     apply_rotary_emb_llama4: apply_rotary_emb_llama4_inplace,
@@ -806,7 +898,7 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     Llama 4's and DeepSeek V2's ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``) of
     each module that defines the model's classes, and takes the arguments of the first call to
     each: q, k and the model's own cos and sin (or complex angles), as its attention passes them.
-    Each of our fourteen functions (Llama 4's vision function for its own name only, the others
+    Each of our fifteen functions (Llama 4's vision function for its own name only, the others
     for the others) is called on them and compared with transformers' function on the same arguments
     in float64; the one within the rounding of q's dtype is assigned (its ``_inplace`` variant
     with ``inplace=True``: for generation and serving, no gradient). Calling it again re-chooses;

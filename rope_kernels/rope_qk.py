@@ -1767,7 +1767,8 @@ def _max_offset(sizes, strides) -> int:
 
 def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_start, interleaved,
           backward, cp_size, cp_rank, t_strides, p_strides, same_table, offsets=(0, 0, 0, 0),
-          in_place=False, aligned=False, deinterleave=0, vision=False, sin_offset=0):
+          in_place=False, aligned=False, deinterleave=0, vision=False, sin_offset=0,
+          config=None):
     """``q``, ``k``: (sizes [s, b, g, u, d], input strides, output strides); ``v`` the same with
     u = 1, or None. Sizes of q and k agree in s, b and d. ``same_table``: q and k read the same
     angle table (cos/sin cache, Hugging Face's cos and sin, one TE freqs tensor for both).
@@ -1781,7 +1782,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     rotated): 1 reads interleaved pairs and writes their results half-split, 2 the transpose (its
     backward); the kernel's ``INTERLEAVED`` 3 and 4, the interleaved side as words (the caller
     ensures that the tensors allow it: ``_aligned`` and ``_words_strides``). ``sin_offset``: the
-    kernel's ``SIN_OFFSET`` (1: sin passed as cos's tensor, its entries one element on)."""
+    kernel's ``SIN_OFFSET`` (1: sin passed as cos's tensor, its entries one element on).
+    ``config``: the tile (``default_config``'s dict) where the caller has a rule of its own."""
     narrowed = in_place and rotary_dim < q[0][4]
     if narrowed:
         q, k = [((*sizes[:4], rotary_dim), *strides) for sizes, *strides in (q, k)]
@@ -1802,9 +1804,9 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
     # has no order).
     transposed = (seq_len > 1 and q_heads > 1
                   and (abs(q_in[0]) < abs(q_in[2])) != (abs(q_out[0]) < abs(q_out[2])))
-    cfg = default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu, interleaved,
-                         _tile_angles(angles, interleaved), rotary_dim, in_place, transposed,
-                         words, narrowed, vision)
+    cfg = config or default_config(seq_len, q_heads, k_heads, head_dim, element_size, on_gpu,
+                                   interleaved, _tile_angles(angles, interleaved), rotary_dim,
+                                   in_place, transposed, words, narrowed, vision)
     block_h = cfg["block_h"]
     all_heads = bool(cfg.get("all_heads", False))
     # k's (and v's) blocks may have a size of their own (block_hk): the all-heads programs size
@@ -2289,3 +2291,81 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
     _run(sig, make_plan, (q, q_out, k, k_out, q, q, cos, cos, cos if sin_next else sin, q, q))
     return q_out, k_out
+
+
+# rope_trailing's tile on a GPU (DeepSeek V4's calls): about this many bytes of x a program (its
+# rows whole: the copied channels and the rotary slice), on 4 warps. Probe (H200, bf16, 3
+# shuffled rounds, not recorded): 4 KB (1 token x 4 heads of 512 channels, 4 tokens x 1 head,
+# 1 x 16 heads of 128) was the best of 28 tiles or within 0.6 points of copy of it at 64 heads
+# of 512 and of 128 and at 1 head of 512; default_config's tile (it sees no q heads) gave 0.34
+# of copy at 64 heads of 128 against 0.85. scripts/hf_deepseek_v4.py records the A/B.
+TRAILING_BYTES = 4096
+
+
+def trailing_config(on_gpu: bool, heads: int, head_dim: int, element_size: int):
+    """``rope_trailing``'s tile: on a GPU ``TRAILING_BYTES`` of x a program, as many heads of a
+    token as that holds (a power of two, up to the heads there are), then tokens; elsewhere (the
+    interpreter, whose cost is per program) None: ``default_config``'s."""
+    if not on_gpu or TRAILING_BYTES is None:
+        return None
+    rows = 1 << max(0, (TRAILING_BYTES // (head_dim * element_size)).bit_length() - 1)
+    block_h = min(_next_pow2(heads), rows)
+    return dict(block_s=max(1, rows // block_h), block_h=block_h, block_hk=block_h,
+                num_warps=4, all_heads=False)
+
+
+def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_axis: int = 1,
+                  backward: bool = False, pairs: str = "interleaved_per_pair",
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """DeepSeek V4's layout: each head of ``x`` [b, h, s, d] (``heads_axis=1``) or [b, s, h, d]
+    (any strides) is ``[nope | rope]``; its last ``rope = hf_rotary_dim(cos, pairs)`` channels
+    are rotated as ``rope_cos_sin`` rotates a head (``pairs``: an ``HF_PAIRS`` key, cos and sin
+    as there), the first ``d - rope`` copied. Returns a new contiguous tensor of x's shape
+    (transformers' function ends in ``torch.cat``); ``out``: a contiguous tensor of x's shape,
+    dtype and device to write into instead (the tests poison it).
+
+    One launch, which reads every byte of x once and writes every byte of the result once: the
+    rotary slices are the kernel's k (its q has no heads) and the copied channels its v (fused
+    QKV's copy), both given as x and the result themselves, k at an offset of ``d - rope``
+    channels (the plan's ``offsets``). So the launch's pointers are the call's own tensors, and a
+    repeated call can take the shortcut of ``rope_kernels.api`` (``hf.py`` does)."""
+    _check_device(x)
+    angles, interleaved, _ = HF_PAIRS[pairs]
+    rope = hf_rotary_dim(cos, pairs)
+    nope = x.shape[-1] - rope
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    elif not (out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+              and out.is_contiguous()):
+        raise ValueError(f"rope_trailing: out must be a contiguous tensor of x's shape "
+                         f"{tuple(x.shape)}, dtype {x.dtype} and device {x.device}; got "
+                         f"{tuple(out.shape)}, {out.dtype}, {out.device}, strides {out.stride()}")
+    if x.numel() == 0:
+        return out
+    if sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    aligned = interleaved and _aligned(x, out)
+    sig = ("trailing", x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(),
+           cos.dtype, sin.dtype, heads_axis, bool(backward), pairs, aligned)
+
+    def make_plan():
+        rotary = [_sbhd_of_hf(t.narrow(-1, nope, rope), heads_axis) for t in (x, out)]
+        sizes = rotary[0][0]
+        none = ((*sizes[:2], 0, *sizes[3:]), rotary[0][1], rotary[1][1])  # q: no heads
+        v = None
+        if nope:
+            copied = [_sbhd_of_hf(t.narrow(-1, 0, nope), heads_axis) for t in (x, out)]
+            v = (copied[0][0], copied[0][1], copied[1][1])
+        st = cos.stride()
+        t_strides = ((0, st[0], st[1]) if cos.dim() == 2
+                     else (st[0] if cos.shape[0] > 1 else 0, st[1], st[2]))
+        return _plan(none, (sizes, rotary[0][1], rotary[1][1]), v, device=x.device,
+                     dtype=x.dtype, angles=angles, rotary_dim=rope, has_positions=False,
+                     has_start=False, interleaved=interleaved, backward=backward, cp_size=1,
+                     cp_rank=0, t_strides=t_strides, p_strides=(0, 0), same_table=True,
+                     offsets=(nope * x.stride(-1), nope * out.stride(-1), 0, 0),
+                     aligned=aligned,
+                     config=trailing_config(x.is_cuda, sizes[2], x.shape[-1], x.element_size()))
+
+    _run(sig, make_plan, (x, out, x, out, x, out, cos, cos, sin, x, x))
+    return out

@@ -99,6 +99,10 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             lambda x: rope_kernels.hf.apply_rotary_pos_emb_gptj(
                 x, hf_cos[..., : D // 2].sin(), hf_cos[..., : D // 2].cos()),
             [randn((2, seq, 4, D), dtype, seed)]),
+        "hf deepseek_v4 (one tensor, its last 8 channels rotated, [b, h, s, d] view)": (
+            lambda x: rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4(
+                x.transpose(1, 2), hf_cos[..., : D // 8].cos(), hf_cos[..., : D // 8].sin()),
+            [randn((2, seq, 4, D), dtype, seed)]),
     }
 
 

@@ -1094,18 +1094,187 @@ def _double_angle(theirs):
     return rotate
 
 
-@pytest.mark.parametrize("rope_channels", [8, 16])
-def test_no_function_of_ours_computes_deepseek_v4s(rope_channels, seed):
-    """DeepSeek V4's function, ``apply_rotary_pos_emb(x, cos, sin)``, rotates the last
-    ``2 * cos.shape[-1]`` channels of each head (its heads are laid out [nope | rope]): on such a
-    call every function of ours that ``patch`` tries refuses it or gives other numbers, so
-    ``patch`` would assign none (the README names it as a call it refuses)."""
+def _deepseek_v4_x(dtype, seed, unsqueeze_dim, b=2, s=5, heads=4, d=32):
+    """x as DeepSeek V4's attention passes it: ``[b, h, s, d]``, the transposed view of a
+    projection ``[b, s, h, d]`` (``unsqueeze_dim=2``: that projection itself)."""
+    x = randn((b, s, heads, d), dtype, seed)
+    return x.transpose(1, 2) if unsqueeze_dim == 1 else x
+
+
+V4 = rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("rope", [8, 32], ids=["rope 8 of 32", "whole head"])
+def test_deepseek_v4_matches_transformers_function(dtype, unsqueeze_dim, rope, seed):
+    """DeepSeek V4's ``apply_rotary_pos_emb(x, cos, sin)``: the last ``2 * cos.shape[-1]``
+    channels of each head rotated in adjacent pairs by cos and sin of one entry per pair, the
+    rest copied; also with ``-sin``, as its attention undoes the rotation on its output. Against
+    transformers' function in float64 and in the dtype, on random cos and sin: the values, a
+    contiguous result (theirs ends in ``torch.cat``), the nope channels bit for bit, x unchanged,
+    the gradient against autograd through theirs in float64; the in-place variant's bits, the
+    nope channels of x left as they were."""
+    theirs_fn = _modeling("deepseek_v4").apply_rotary_pos_emb
+    x = _deepseek_v4_x(dtype, seed, unsqueeze_dim)
+    before = x.clone()
+    cos, sin = (randn((2, 5, rope // 2), torch.float32, seed + i) for i in (1, 2))
+    for sin_ in (sin, -sin):
+        x.requires_grad_(True)
+        ours = V4(x, cos, sin_, unsqueeze_dim)
+        theirs = theirs_fn(x.detach(), cos, sin_, unsqueeze_dim)
+        x64 = x.detach().double().requires_grad_(True)
+        exact = theirs_fn(x64, cos.double(), sin_.double(), unsqueeze_dim)
+        assert ours.shape == x.shape and ours.dtype == dtype and ours.is_contiguous()
+        assert ours.requires_grad
+        nope = 32 - rope
+        assert torch.equal(ours[..., :nope].detach(), x[..., :nope].detach())
+        assert_rope_close(ours.detach(), exact.detach(), dtype, "deepseek_v4")
+        tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+        torch.testing.assert_close(ours.detach(), theirs, rtol=tol, atol=tol)
+        weights = randn(ours.shape, torch.float32, seed + 5)
+        (ours * weights).sum().backward()
+        (exact * weights.to(dtype).double()).sum().backward()
+        assert_rope_close(x.grad, x64.grad, dtype, "dx")
+        x = x.detach()
+        assert torch.equal(x, before)
+        x_in = x.clone()
+        assert rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4_inplace(
+            x_in, cos, sin_, unsqueeze_dim) is x_in
+        assert torch.equal(x_in, ours.detach())
+    # the rotation is the one named: GPT-OSS interleaved pairs on the slice
+    ref = hf_reference(x[..., 32 - rope:], cos, sin, unsqueeze_dim, "interleaved_per_pair")
+    assert_rope_close(V4(x, cos, sin, unsqueeze_dim)[..., 32 - rope:], ref, dtype, "slice")
+
+
+@pytest.mark.parametrize("plans", ["interpreter's", "a GPU's"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads_axis", [1, 2])
+@pytest.mark.parametrize("d,rope", [(64, 16), (40, 8), (16, 16)],
+                         ids=["48 copied + 16", "32 copied + 8 (not powers of 2)", "whole head"])
+def test_deepseek_v4_one_launch_writes_every_element(plans, dtype, heads_axis, d, rope, seed,
+                                                     monkeypatch):
+    """``rope_qk.rope_trailing``, the function's kernel call: one launch, the rotary slice as q
+    and the copied channels as fused QKV's v part, into a NaN-poisoned result inside a larger
+    NaN buffer: every element written (the rotary channels against the float64 formula, the
+    others x's bits), nothing outside it; forward and backward (the transpose: the same call on
+    -sin, as the per-pair tables make it); with the plans a GPU takes, in the interpreter too."""
+    if plans == "a GPU's":
+        real = rope_qk.trailing_config
+        monkeypatch.setattr(rope_qk, "trailing_config", lambda on_gpu, *a: real(True, *a))
+        monkeypatch.setattr(rope_qk, "_PLANS", {})
+    x = randn((2, 5, 3, d), dtype, seed)
+    if heads_axis == 1:
+        x = x.transpose(1, 2)
+    cos, sin = (randn((2, 5, rope // 2), torch.float32, seed + i) for i in (1, 2))
+    for backward in (False, True):
+        buf = torch.full((x.numel() + 64,), float("nan"), dtype=dtype, device=DEVICE)
+        out = buf[32:32 + x.numel()].view(x.shape)
+        launches = []
+        real_launch = rope_qk.launch
+        monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
+        assert rope_qk.rope_trailing(x, cos, sin, heads_axis, backward, out=out) is out
+        monkeypatch.setattr(rope_qk, "launch", real_launch)
+        assert launches == [1]
+        assert buf[:32].isnan().all() and buf[32 + x.numel():].isnan().all()
+        assert torch.equal(out[..., :d - rope], x[..., :d - rope])
+        ref = hf_reference(x[..., d - rope:], cos, -sin if backward else sin, heads_axis,
+                           "interleaved_per_pair")
+        assert_rope_close(out[..., d - rope:], ref, dtype, "rotary slice")
+    if plans == "a GPU's":
+        # 4 KB of x a program: as many of a token's 3 heads as fit (a power of two), then tokens
+        rows = 4096 // (d * x.element_size())
+        rows = 1 << (rows.bit_length() - 1)
+        heads = min(4, rows)
+        for plan in rope_qk._PLANS.values():  # forward and backward
+            assert (plan.constexprs["BLOCK_S"], plan.constexprs["BLOCK_HK"], plan.num_warps,
+                    plan.constexprs["HAS_V"]) == (rows // heads, heads, 4, d > rope)
+
+
+def test_only_ours_computes_deepseek_v4s(seed):
+    """On DeepSeek V4's call, of the functions ``patch`` tries, only ours computes it: every
+    other refuses it or is far off (so ``patch`` assigns it and no other)."""
     theirs = _modeling("deepseek_v4").apply_rotary_pos_emb
-    x = randn((1, 4, 8, 16), torch.float32, seed)
-    cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
-    distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
-    assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) - 1 == 13  # (not the vision one)
-    assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
+    for rope_channels in (8, 16):
+        x = randn((1, 4, 8, 16), torch.float32, seed)
+        cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
+        distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
+        assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) - 1 == 14  # (not the vision)
+        assert distances.pop(V4) < 1e-6
+        assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
+
+
+def _tiny_deepseek_v4(seed):
+    """(a tiny random fp32 DeepSeek V4 with eager attention: a heavily compressed layer and a
+    compressed sparse one, heads of 32 with 8 rotary channels, its module, token ids)."""
+    module = _modeling("deepseek_v4")
+    torch.manual_seed(seed)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    config = module.DeepseekV4Config(
+        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, qk_rope_head_dim=8, q_lora_rank=32, o_lora_rank=32,
+        n_routed_experts=4, num_experts_per_tok=2, index_n_heads=2, index_head_dim=16,
+        index_topk=8, moe_intermediate_size=32, intermediate_size=64,
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+        mlp_layer_types=["hash_moe", "moe"], sliding_window=8, num_nextn_predict_layers=0,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        rope_parameters={"main": rope, "compress": dict(rope, rope_theta=160000.0)})
+    config._attn_implementation = "eager"
+    ids = torch.randint(0, 96, (2, 20), generator=torch.Generator().manual_seed(seed))
+    return module.DeepseekV4ForCausalLM(config).to(DEVICE), module, ids.to(DEVICE)
+
+
+def test_deepseek_v4_tiny_model_unchanged_and_patched(seed, monkeypatch):
+    """A tiny DeepSeek V4 (its compressors rotate their compressed keys, its indexer its
+    queries, its attention q, the shared key-value head and, with ``-sin``, the output): logits
+    and every parameter's gradient match with ours assigned (every call, 20 tokens, so that the
+    compressors' windows close); ``patch`` chooses it (fp32 and bf16), ``inplace=True`` its
+    in-place variant, whose greedy generation gives transformers' tokens."""
+    model, module, ids = _tiny_deepseek_v4(seed)
+    calls = _swapped_calls_match(model, module, ids, monkeypatch, V4)
+    assert calls == 10  # q, kv, output per layer; compressed keys; the indexer's keys and q
+    monkeypatch.undo()
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
+    _patched_under_its_name(model, module, ids, V4, "apply_rotary_pos_emb")
+
+
+@pytest.mark.parametrize("case,exc,words", [
+    ("cos wider than the head", ValueError,
+     ["apply_rotary_pos_emb_deepseek_v4: cos must have one entry per pair", "head_dim (32)",
+      "got cos (2, 5, 17) (2 * 17 = 34) for x (2, 4, 5, 32)"]),
+    ("cos of no entries", ValueError, ["0 < 2 * cos.shape[-1] <= head_dim", "(2, 5, 0)"]),
+    ("x 3-D", ValueError, ["x must be 4-D"]),
+    ("x float64", TypeError, ["x must have dtype", "torch.float64"]),
+    ("sin of another shape", ValueError, ["cos and sin must have one shape"]),
+    ("in place, x requires grad", ValueError,
+     ["apply_rotary_pos_emb_deepseek_v4_inplace cannot rotate x that requires grad",
+      "use apply_rotary_pos_emb_deepseek_v4"]),
+    ("x not a tensor", TypeError, ["x must be a torch.Tensor"]),
+])
+def test_deepseek_v4_bad_input(case, exc, words, seed):
+    """Errors name DeepSeek V4's arguments (x, cos, sin) and what was given."""
+    x = _deepseek_v4_x(torch.float32, seed, 1)
+    cos = sin = randn((2, 5, 4), torch.float32, seed + 1)
+    fn = V4
+    if case == "cos wider than the head":
+        cos = sin = randn((2, 5, 17), torch.float32, seed + 1)
+    elif case == "cos of no entries":
+        cos = sin = randn((2, 5, 0), torch.float32, seed + 1)
+    elif case == "x 3-D":
+        x = x[0]
+    elif case == "x float64":
+        x = x.double()
+    elif case == "sin of another shape":
+        sin = randn((2, 5, 2), torch.float32, seed + 2)
+    elif case == "in place, x requires grad":
+        x = x.clone().requires_grad_(True)
+        fn = rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4_inplace
+    elif case == "x not a tensor":
+        x = x.tolist()
+    with pytest.raises(exc) as info:
+        fn(x, cos, sin)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
 
 
 def test_patch_refuses_what_it_cannot_match(seed, monkeypatch):
