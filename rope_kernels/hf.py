@@ -397,31 +397,50 @@ def apply_rotary_pos_emb_deepseek_v4(x: torch.Tensor, cos: torch.Tensor, sin: to
         launch reads x once and writes it, the rotary slice rotated in float32 and the rest
         copied (``rope_qk.rope_trailing``). Differentiable with respect to x.
     """
+    return _deepseek_v4(x, cos, sin, unsqueeze_dim, False)
+
+
+def _deepseek_v4(x, cos, sin, unsqueeze_dim, in_place):
+    """DeepSeek V4's function and its in-place variant (``in_place``: x's rotary slice rotated
+    where it lies, x returned). One launch either way (``rope_qk.rope_trailing``), whose
+    pointers are x, cos, sin and the new result: a repeated eager call takes the shortcut of
+    rope_kernels.api, as ``_apply``'s calls do."""
     pairs = "interleaved_per_pair"
-    # A repeated eager call takes the shortcut of rope_kernels.api, as _apply's calls do: the
-    # one launch's pointers are x, cos, sin and the new result (rope_qk.rope_trailing).
     shortcuts = _api._SHORTCUTS
     sig = None
     if (type(x) is _Tensor and type(cos) is _Tensor and type(sin) is _Tensor
             and type(unsqueeze_dim) is int and shortcuts.enabled and not _api._is_compiling()
             and not (_api._grad_enabled() and (x.requires_grad or cos.requires_grad
                                                or sin.requires_grad))):
-        flags = ("hf deepseek_v4", unsqueeze_dim, _qk._aligned(x))
+        flags = ("hf deepseek_v4", unsqueeze_dim, _qk._aligned(x), in_place)
         for known, check, entry in shortcuts.recent:
             if known == flags and check(x, cos, sin):
-                return entry((x, cos, sin))[0]
+                out = entry((x, cos, sin))
+                return x if in_place else out[0]
         sig = (flags, x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(),
                cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device)
         entry = shortcuts.entries.get(sig)
         if entry:
             shortcuts.remember(flags, (x, cos, sin), entry)
-            return entry((x, cos, sin))[0]
+            out = entry((x, cos, sin))
+            return x if in_place else out[0]
         if entry is False:
             sig = None
-    rope = _trailing_rope(x, cos, "apply_rotary_pos_emb_deepseek_v4")
+    name = "apply_rotary_pos_emb_deepseek_v4" + ("_inplace" if in_place else "")
+    rope = _trailing_rope(x, cos, name)
     # The slice's checks (not tensors: the checks of x itself, which say what is wrong)
     validate_hf_args(x if rope is None else rope, None, cos, sin, unsqueeze_dim, pairs, one="x")
     _refuse_angle_gradients(cos, sin)
+    if in_place:
+        validate_in_place(name, "apply_rotary_pos_emb_deepseek_v4", x=rope)
+        if torch.compiler.is_compiling():
+            _ops.rope_cos_sin_(rope, rope.narrow(unsqueeze_dim, 0, 0), cos, sin, unsqueeze_dim,
+                               pairs)
+            return x
+        shortcuts.full_path(
+            sig, lambda: _qk.rope_trailing(x, cos, sin, unsqueeze_dim, pairs=pairs, out=x),
+            (x, cos, sin), lambda _: ())
+        return x
     if torch.compiler.is_compiling() or _api._needs_grad(x):
         return _ops.rope_trailing(x, cos, sin, unsqueeze_dim, False, pairs)
     return shortcuts.full_path(
@@ -466,12 +485,9 @@ def apply_rotary_pos_emb_deepseek_v4_inplace(x: torch.Tensor, cos: torch.Tensor,
                                              sin: torch.Tensor, unsqueeze_dim: int = 1):
     """``apply_rotary_pos_emb_deepseek_v4`` writing into x's rotary slice and returning x, as
     ``apply_rotary_pos_emb_inplace`` (x must not need a gradient): the channels before the slice
-    are neither read nor written."""
-    name = "apply_rotary_pos_emb_deepseek_v4_inplace"
-    rope = _trailing_rope(x, cos, name)
-    _apply_one(x if rope is None else rope, cos, sin, unsqueeze_dim, "interleaved_per_pair", "x",
-               name)
-    return x
+    are neither read nor written (one launch on the slices: ``rope_qk.rope_trailing`` with
+    ``out=x``)."""
+    return _deepseek_v4(x, cos, sin, unsqueeze_dim, True)
 
 
 def apply_rotary_pos_emb_vision(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

@@ -2294,11 +2294,11 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 # rope_trailing's tile on a GPU (DeepSeek V4's calls): about this many bytes of x a program (its
-# rows whole: the copied channels and the rotary slice), on 4 warps. Probe (H200, bf16, 3
-# shuffled rounds, not recorded): 4 KB (1 token x 4 heads of 512 channels, 4 tokens x 1 head,
-# 1 x 16 heads of 128) was the best of 28 tiles or within 0.6 points of copy of it at 64 heads
-# of 512 and of 128 and at 1 head of 512; default_config's tile (it sees no q heads) gave 0.34
-# of copy at 64 heads of 128 against 0.85. scripts/hf_deepseek_v4.py records the A/B.
+# rows whole: the copied channels and the rotary slice), on 4 warps. In a probe (H200, bf16, 3
+# shuffled rounds, not recorded) 4 KB a program (1 token x 4 heads of 512 channels, 4 tokens x 1
+# head, 1 x 16 heads of 128) was the best of 28 tiles or within 0.6 points of copy of it at 64
+# heads of 512 and of 128 and at 1 head of 512; against default_config's tile (which sees a q
+# of no heads) scripts/hf_deepseek_v4.py records the A/B (figures/hf_deepseek_v4_h200.json).
 TRAILING_BYTES = 4096
 
 
@@ -2322,7 +2322,8 @@ def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_a
     are rotated as ``rope_cos_sin`` rotates a head (``pairs``: an ``HF_PAIRS`` key, cos and sin
     as there), the first ``d - rope`` copied. Returns a new contiguous tensor of x's shape
     (transformers' function ends in ``torch.cat``); ``out``: a contiguous tensor of x's shape,
-    dtype and device to write into instead (the tests poison it).
+    dtype and device to write into instead (the tests poison it), or x itself: in place, the
+    rotary slices alone read and written.
 
     One launch, which reads every byte of x once and writes every byte of the result once: the
     rotary slices are the kernel's k (its q has no heads) and the copied channels its v (fused
@@ -2333,9 +2334,10 @@ def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_a
     angles, interleaved, _ = HF_PAIRS[pairs]
     rope = hf_rotary_dim(cos, pairs)
     nope = x.shape[-1] - rope
+    in_place = out is x
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    elif not (out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    elif not in_place and not (out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
               and out.is_contiguous()):
         raise ValueError(f"rope_trailing: out must be a contiguous tensor of x's shape "
                          f"{tuple(x.shape)}, dtype {x.dtype} and device {x.device}; got "
@@ -2346,14 +2348,14 @@ def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_a
         cos, sin = cos.contiguous(), sin.contiguous()
     aligned = interleaved and _aligned(x, out)
     sig = ("trailing", x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(),
-           cos.dtype, sin.dtype, heads_axis, bool(backward), pairs, aligned)
+           cos.dtype, sin.dtype, heads_axis, bool(backward), pairs, aligned, in_place)
 
     def make_plan():
         rotary = [_sbhd_of_hf(t.narrow(-1, nope, rope), heads_axis) for t in (x, out)]
         sizes = rotary[0][0]
         none = ((*sizes[:2], 0, *sizes[3:]), rotary[0][1], rotary[1][1])  # q: no heads
         v = None
-        if nope:
+        if nope and not in_place:
             copied = [_sbhd_of_hf(t.narrow(-1, 0, nope), heads_axis) for t in (x, out)]
             v = (copied[0][0], copied[0][1], copied[1][1])
         st = cos.stride()
@@ -2364,7 +2366,7 @@ def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_a
                      has_start=False, interleaved=interleaved, backward=backward, cp_size=1,
                      cp_rank=0, t_strides=t_strides, p_strides=(0, 0), same_table=True,
                      offsets=(nope * x.stride(-1), nope * out.stride(-1), 0, 0),
-                     aligned=aligned,
+                     in_place=in_place, aligned=aligned,
                      config=trailing_config(x.is_cuda, sizes[2], x.shape[-1], x.element_size()))
 
     _run(sig, make_plan, (x, out, x, out, x, out, cos, cos, sin, x, x))

@@ -367,22 +367,24 @@ def test_hf_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
 
 
 def test_deepseek_v4_shortcut_is_taken_and_autograd_is_not(shortcuts, seed, monkeypatch):
-    """DeepSeek V4's function (one launch: ``rope_qk.rope_trailing``) remembers its launch too: a
-    call of the same signature on fresh values skips the checks and the planning (both made to
-    fail) and matches the float64 reference, x untouched; a call that needs autograd, and one of
-    another signature with a bad cos, still take the full path."""
-    make = _calls("hf_deepseek_v4", seed)
-    run, ref = make(0)
-    run()
-    assert len(_entries(shortcuts)) == 1
-    with monkeypatch.context() as m:
-        m.setattr(rope_kernels.hf, "validate_hf_args", _fail)
-        m.setattr(rope_kernels.hf._qk, "rope_trailing", _fail)
-        for call in (1, 2):
-            run, ref = make(call)
-            (out,), (expected,) = run(), ref()
-            assert out.is_contiguous()
-            assert_rope_close(out, expected, torch.bfloat16, f"call {call}")
+    """DeepSeek V4's function and its in-place variant (one launch each:
+    ``rope_qk.rope_trailing``) remember their launches too: a call of the same signature on fresh
+    values skips the checks and the planning (both made to fail) and matches the float64
+    reference; a call that needs autograd, and one of another signature with a bad cos, still
+    take the full path."""
+    for n, entry_point in enumerate(["hf_deepseek_v4", "hf_deepseek_v4_inplace"]):
+        make = _calls(entry_point, seed)
+        run, ref = make(0)
+        run()
+        assert len(_entries(shortcuts)) == n + 1
+        with monkeypatch.context() as m:
+            m.setattr(rope_kernels.hf, "validate_hf_args", _fail)
+            m.setattr(rope_kernels.hf._qk, "rope_trailing", _fail)
+            for call in (1, 2):
+                run, ref = make(call)
+                (out,), (expected,) = run(), ref()
+                assert out.is_contiguous()  # (in place: x, whose one token makes it so too)
+                assert_rope_close(out, expected, torch.bfloat16, f"{entry_point}, call {call}")
     x = randn((2, 1, 4, 48), torch.float32, seed).transpose(1, 2).requires_grad_()
     cos = randn((1, 1, 8), torch.float32, seed + 1)
     out = rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4(x, cos, cos)
@@ -507,7 +509,8 @@ def _te_expected(kw):
 
 
 @pytest.mark.parametrize("entry_point", ["te", "te_start", "cache", "cache_inplace", "hf",
-                                         "hf_inplace", "qkv", "hf_deepseek_v4"])
+                                         "hf_inplace", "qkv", "hf_deepseek_v4",
+                                         "hf_deepseek_v4_inplace"])
 def test_recent_signature_answers_without_the_key(entry_point, shortcuts, seed):
     """The second call finds its entry by key and puts it among the recent signatures; the
     third is answered by flags and tensor check alone (the key's dict made to fail), for every
@@ -675,7 +678,7 @@ def _calls(entry_point, seed, aligned=True):
                     return apply_rope_with_cos_sin_cache(positions, q, k, 32, cache,
                                                          validate=False)
             return run, lambda: refs
-    elif entry_point == "hf_deepseek_v4":
+    elif entry_point.startswith("hf_deepseek_v4"):
         def make(call):
             # DeepSeek V4's [b, h, s, d] view, its last 16 of 48 channels rotated
             x = fresh((2, 1, 4, 48), call).transpose(1, 2)
@@ -683,6 +686,12 @@ def _calls(entry_point, seed, aligned=True):
             cos, sin = cos[:, :1, :8], sin[:, :1, :8]
             ref = torch.cat((x[..., :32].double(), hf_reference(
                 x[..., 32:], cos, sin, pairs="interleaved_per_pair")), -1)
+            if entry_point.endswith("_inplace"):
+                def run():
+                    assert rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4_inplace(
+                        x, cos, sin) is x
+                    return (x,)
+                return run, lambda: (ref,)
             return (lambda: (rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4(x, cos, sin),),
                     lambda: (ref,))
     else:
@@ -720,7 +729,7 @@ def _spy(entry):
 
 
 ENTRY_POINTS = ["te", "te_start", "cache", "cache_inplace", "hf", "hf_inplace", "qkv",
-                "hf_deepseek_v4"]
+                "hf_deepseek_v4", "hf_deepseek_v4_inplace"]
 
 
 @gpu
