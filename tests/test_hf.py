@@ -1191,6 +1191,36 @@ def test_deepseek_v4_one_launch_writes_every_element(plans, dtype, heads_axis, d
                     plan.constexprs["HAS_V"]) == (rows // heads, heads, 4, d > rope)
 
 
+@pytest.mark.parametrize("heads_axis", [1, 2])
+def test_deepseek_v4_in_place_paths(heads_axis, seed, monkeypatch):
+    """The in-place variant takes ``rope_qk.rope_trailing`` (x rotated where it lies, one launch)
+    for one head or one token and the q+k path on the slice for many of both, as its comment
+    says; each rotates the slice as the out-of-place call does, the copied channels' bits kept,
+    the GPU's tile included (in the interpreter too)."""
+    real = rope_qk.trailing_config
+    monkeypatch.setattr(rope_qk, "trailing_config", lambda on_gpu, *a: real(True, *a))
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())  # (none)
+    trailing = []
+    real_trailing = rope_qk.rope_trailing
+    monkeypatch.setattr(rope_qk, "rope_trailing",
+                        lambda *a, **kw: trailing.append(kw.get("out")) or real_trailing(*a, **kw))
+    for heads, tokens, takes_trailing in [(1, 5, True), (4, 1, True), (4, 5, False)]:
+        trailing.clear()
+        x = randn((2, tokens, heads, 40), torch.bfloat16, seed)
+        if heads_axis == 1:
+            x = x.transpose(1, 2)
+        cos, sin = (randn((2, tokens, 8), torch.float32, seed + i) for i in (1, 2))
+        want = V4(x, cos, sin, heads_axis)
+        x_in = x.clone()
+        trailing.clear()
+        assert rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4_inplace(
+            x_in, cos, sin, heads_axis) is x_in
+        assert sum(out is x_in for out in trailing) == int(takes_trailing), (heads, tokens)
+        assert torch.equal(x_in[..., :24], x[..., :24])
+        assert_rope_close(x_in, want.double(), torch.bfloat16, f"{heads} heads, {tokens} tokens")
+
+
 def test_only_ours_computes_deepseek_v4s(seed):
     """On DeepSeek V4's call, of the functions ``patch`` tries, only ours computes it: every
     other refuses it or is far off (so ``patch`` assigns it and no other)."""

@@ -1060,3 +1060,56 @@ def test_hf_complex_recording_is_quoted_as_recorded():
     assert f"16 heads of 88: {pairs['llama4_vision']} at 16 / 64 images" in recorded
     assert (f"{decode['ours']:.1f} us ({decode['contiguous tables']:.1f} on contiguous tables, "
             f"{decode['transformers']:.1f} through transformers' function)") in recorded
+
+
+def test_hf_deepseek_v4_recordings_are_quoted_as_recorded():
+    """figures/hf_deepseek_v4_h200.json and ..._run1.json (scripts/hf_deepseek_v4.py): DeepSeek
+    V4's function at its attention's q, its indexer's q and its shared key-value head, 2 sizes
+    each; the second run's in-place calls through rope_trailing, the first run's through the q+k
+    path. The notes' table (every fraction, the speed over the rules' tile, both in-place
+    columns), the spans in the notes, and the README's and recorded_results' figures."""
+    runs = [json.loads((FIGURES / f"hf_deepseek_v4_h200{suffix}.json").read_text())
+            for suffix in ("_run1", "")]
+    assert [r["provenance"]["source_commit"] for r in runs] == ["20777bf", "4195a7d"]
+    first, by = ({(r["shape"], r["tokens"], r["call"]): r for r in run["rows"] if "of_copy" in r}
+                 for run in runs)
+    shapes = sorted({(s, t) for s, t, _ in by}, key=lambda st: (list(
+        ("attention q", "indexer q", "shared kv")).index(st[0]), st[1]))
+    assert len(shapes) == 6
+    for s, t in shapes:
+        o = by[s, t, "ours"]
+        assert o["same_bits_as_rules"]
+        in_place = [f"{run[s, t, 'ours in place']['of_copy']:.3f} "
+                    f"({run[s, t, 'ours in place']['time_us']:.1f} us)" for run in (first, by)]
+        cells = [s, f"{o['heads']} x {o['head_dim']}", str(t), f"{o['mbytes']:.0f}",
+                 *(f"{by[s, t, c]['of_copy']:.3f}" for c in ("ours", "ours backward",
+                                                             "rules' tile")),
+                 f"{statistics.median(o['speed_over_rules']):.3f}", *in_place,
+                 *(f"{by[s, t, c]['of_copy']:.3f}" for c in ("copy_same", "transformers"))]
+        assert "| " + " | ".join(cells) + " |" in NOTES, (s, t)
+    notes = " ".join(NOTES.split())
+    frac = {key: r["of_copy"] for key, r in by.items()}
+    ups = [frac[s, t, "ours"] / frac[s, t, "transformers"] for s, t in shapes]
+    theirs = _span([frac[s, t, "transformers"] for s, t in shapes])
+    assert (f"Transformers' own function runs at {theirs}: ours is {min(ups):.1f}-{max(ups):.1f} "
+            f"times as fast") in notes
+    rounds = [x for s, t in shapes for x in by[s, t, "ours"]["speed_over_rules"]]
+    assert f"(per round {_span(rounds)})" in notes
+    decode = [{r["call"]: r["us_per_call"] for r in run["rows"] if "us_per_call" in r}
+              for run in runs]
+    assert (f"a decode-sized call (one token of the attention's q, back to back) "
+            f"{decode[1]['ours in place']:.1f} us against "
+            f"{decode[0]['ours in place']:.1f}") in notes
+    pair = {s: " / ".join(f"{frac[s, t, 'ours']:.3f}" for ss, t in shapes if ss == s)
+            for s, _ in shapes}
+    readme = " ".join(README.split())
+    assert f"{pair['attention q']} of copy at its attention's 64 heads of 512" in readme
+    assert f"{pair['indexer q']} at its indexer's 64 heads of 128" in readme
+    assert (f"takes {decode[1]['ours']:.1f} us back to back ({decode[1]['transformers']:.1f} "
+            f"through transformers' function") in readme
+    recorded = " ".join(RECORDED.split())
+    assert f"{pair['attention q']} of copy at the attention's 64 heads of 512" in recorded
+    assert f"{pair['shared kv']} at the shared key-value head" in recorded
+    assert (f"{decode[1]['ours']:.1f} us (transformers' function "
+            f"{decode[1]['transformers']:.1f}), in place "
+            f"{decode[1]['ours in place']:.1f}") in recorded
