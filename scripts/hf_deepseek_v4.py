@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import rope_kernels.hf as hf  # noqa: E402
 from hf_conventions import timing_fields, write_record  # noqa: E402
+from hf_vision import tile_call  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 
 # name -> (heads, head_dim, rotary channels, token counts)
@@ -60,26 +61,6 @@ def views(heads: int, head_dim: int, rope: int, tokens: int, seed=0):
     return x, angles.cos(), angles.sin()
 
 
-def rules_tile(call):
-    """``call()`` planned on ``default_config``'s tile (``TRAILING_BYTES`` None while planning):
-    its plans made once, then swapped in for each call."""
-    plans = rope_qk._PLANS
-    rope_qk._PLANS, rope_qk.TRAILING_BYTES, saved = {}, None, rope_qk.TRAILING_BYTES
-    try:
-        call()
-        own = rope_qk._PLANS
-    finally:
-        rope_qk._PLANS, rope_qk.TRAILING_BYTES = plans, saved
-
-    def planned():
-        rope_qk._PLANS = own
-        try:
-            return call()
-        finally:
-            rope_qk._PLANS = plans
-    return planned
-
-
 def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]:
     heads, head_dim, rope, _ = SHAPES[name]
     from transformers.models.deepseek_v4 import modeling_deepseek_v4
@@ -92,7 +73,9 @@ def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]
     table = 2 * cos.numel() * cos.element_size()
     x_bytes = 2 * x.numel() * x.element_size()
     rotated = x_bytes * rope // head_dim
-    forward = rules_tile(lambda: rope_qk.rope_trailing(x, cos, sin, 1))
+    # default_config's tile: rope_qk.trailing_config off (TRAILING_BYTES None) while planning
+    forward = tile_call(lambda: rope_qk.rope_trailing(x, cos, sin, 1), None,
+                        {"TRAILING_BYTES": None})
     src = torch.empty((x_bytes + table) // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     calls = {

@@ -102,7 +102,8 @@ def views(model: str, tokens: int, seed=0):
 def tile_call(call, config, switches):
     """``call()`` (a forward through ``rope_qk.rope_cos_sin``) planned on ``config`` (None: the
     rules) with ``switches`` set: its plan made once, then swapped in for each call (planning per
-    call would be timed). ``scripts/hf_complex.py`` probes its tiles with it too."""
+    call would be timed). ``scripts/hf_complex.py`` probes its tiles with it too, and
+    ``scripts/hf_deepseek_v4.py`` plans on the rules' tile with it."""
     rules, plans = rope_qk.default_config, rope_qk._PLANS
     saved = {name: getattr(rope_qk, name) for name in switches}
     if config is not None:

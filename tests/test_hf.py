@@ -1094,6 +1094,20 @@ def _double_angle(theirs):
     return rotate
 
 
+def _close_to_theirs_with_gradient(ours, theirs, exact, x, x64, dtype, seed, name):
+    """A one-tensor function's result ``ours`` (of ``x``, which requires grad) against
+    transformers' in float64 (``exact``, of ``x64``) and in the dtype (``theirs``), within the
+    dtype's rounding; then the gradient through ours against autograd through theirs in float64,
+    for random weights of the result."""
+    assert_rope_close(ours.detach(), exact.detach(), dtype, name)
+    tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+    torch.testing.assert_close(ours.detach(), theirs, rtol=tol, atol=tol)
+    weights = randn(ours.shape, torch.float32, seed + 5)
+    (ours * weights).sum().backward()
+    (exact * weights.to(dtype).double()).sum().backward()
+    assert_rope_close(x.grad, x64.grad, dtype, "dx")
+
+
 def _deepseek_v4_x(dtype, seed, unsqueeze_dim, b=2, s=5, heads=4, d=32):
     """x as DeepSeek V4's attention passes it: ``[b, h, s, d]``, the transposed view of a
     projection ``[b, s, h, d]`` (``unsqueeze_dim=2``: that projection itself)."""
@@ -1129,13 +1143,7 @@ def test_deepseek_v4_matches_transformers_function(dtype, unsqueeze_dim, rope, s
         assert ours.requires_grad
         nope = 32 - rope
         assert torch.equal(ours[..., :nope].detach(), x[..., :nope].detach())
-        assert_rope_close(ours.detach(), exact.detach(), dtype, "deepseek_v4")
-        tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
-        torch.testing.assert_close(ours.detach(), theirs, rtol=tol, atol=tol)
-        weights = randn(ours.shape, torch.float32, seed + 5)
-        (ours * weights).sum().backward()
-        (exact * weights.to(dtype).double()).sum().backward()
-        assert_rope_close(x.grad, x64.grad, dtype, "dx")
+        _close_to_theirs_with_gradient(ours, theirs, exact, x, x64, dtype, seed, "deepseek_v4")
         x = x.detach()
         assert torch.equal(x, before)
         x_in = x.clone()
@@ -1385,13 +1393,7 @@ def test_one_tensor_functions_match_transformers(dtype, family, unsqueeze_dim, s
     torch.testing.assert_close(exact.detach(), ref, rtol=1e-12, atol=1e-12)  # the same rotation
     assert ours.shape == theirs.shape and ours.dtype == dtype and ours.requires_grad
     assert _layout(ours) == _layout(theirs)
-    assert_rope_close(ours.detach(), ref, dtype, family)
-    tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
-    torch.testing.assert_close(ours.detach(), theirs, rtol=tol, atol=tol)
-    weights = randn(ours.shape, torch.float32, seed + 5)
-    (ours * weights).sum().backward()
-    (exact * weights.to(dtype).double()).sum().backward()
-    assert_rope_close(x.grad, x64.grad, dtype, "dx")
+    _close_to_theirs_with_gradient(ours, theirs, exact, x, x64, dtype, seed, family)
     # the in-place variant: x's values, where x lies
     inplace_fn = getattr(rope_kernels.hf, ours_fn.__name__ + "_inplace")
     x_in = x.detach().clone()
