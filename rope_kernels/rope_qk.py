@@ -2337,8 +2337,8 @@ def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_a
     in_place = out is x
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    elif not in_place and not (out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
-              and out.is_contiguous()):
+    elif not in_place and not (out.shape == x.shape and out.dtype == x.dtype
+                               and out.device == x.device and out.is_contiguous()):
         raise ValueError(f"rope_trailing: out must be a contiguous tensor of x's shape "
                          f"{tuple(x.shape)}, dtype {x.dtype} and device {x.device}; got "
                          f"{tuple(out.shape)}, {out.dtype}, {out.device}, strides {out.stride()}")
