@@ -32,10 +32,10 @@ eager), ``copy_same`` (a copy of the bytes ``ours`` moves) and ``copy_views`` (q
 into tensors of their layout: the in-place calls' reads and writes, two launches). Bytes: q and
 k read and written once, plus the angles (8 bytes a pair) read once (``copy_views`` moves no
 angles, and is counted as if it did, as the calls it is set against). Before timing, ours is
-checked against transformers' function. ``decode``: Llama 4's 64 tokens of one sequence, back-to-back calls
-(``bench.time_per_call_us``, Python launch included). ``--tiles`` adds the forward on the tiles
-of ``scripts/hf_vision.py``'s probe (``TILES``; not the gathered partners, which are half-split
-pairs).
+checked against transformers' function. ``decode``: Llama 4's 64 tokens of one sequence,
+back-to-back calls (``bench.time_per_call_us``, Python launch included). ``--tiles`` adds the
+forward on the tiles of ``scripts/hf_vision.py``'s probe (``TILES``; not the gathered partners,
+which are half-split pairs).
 """
 
 from __future__ import annotations

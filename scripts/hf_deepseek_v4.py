@@ -42,6 +42,7 @@ import rope_kernels.hf as hf  # noqa: E402
 from hf_conventions import timing_fields, write_record  # noqa: E402
 from hf_vision import tile_call  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
+from transformers.models.deepseek_v4 import modeling_deepseek_v4  # noqa: E402
 
 # name -> (heads, head_dim, rotary channels, token counts)
 SHAPES = {
@@ -63,7 +64,6 @@ def views(heads: int, head_dim: int, rope: int, tokens: int, seed=0):
 
 def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]:
     heads, head_dim, rope, _ = SHAPES[name]
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4
     theirs = modeling_deepseek_v4.apply_rotary_pos_emb
     x, cos, sin = views(heads, head_dim, rope, tokens)
     ours = hf.apply_rotary_pos_emb_deepseek_v4
@@ -103,7 +103,6 @@ def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]
 
 
 def decode() -> list[dict]:
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4
     x, cos, sin = views(64, 512, 64, 1)
     calls = {"ours": lambda: hf.apply_rotary_pos_emb_deepseek_v4(x, cos, sin),
              "ours in place": lambda: hf.apply_rotary_pos_emb_deepseek_v4_inplace(x, cos, sin),

@@ -272,6 +272,15 @@ def _against_float64(apply, q, k, cos, sin, ours, dtype, seed):
 
 
 @pytest.fixture
+def trailing_gpu_plans(monkeypatch):
+    """rope_qk.rope_trailing plans the tile a GPU takes (``trailing_config``'s ``on_gpu``), in
+    the interpreter too, from an empty plan cache."""
+    real = rope_qk.trailing_config
+    monkeypatch.setattr(rope_qk, "trailing_config", lambda on_gpu, *a: real(True, *a))
+    monkeypatch.setattr(rope_qk, "_PLANS", {})
+
+
+@pytest.fixture
 def gpu_plans(monkeypatch):
     """rope_qk plans the tiles a GPU takes (``default_config``'s ``on_gpu``), in the interpreter
     too, from an empty plan cache (the test reads its one plan from ``rope_qk._PLANS``)."""
@@ -1161,16 +1170,14 @@ def test_deepseek_v4_matches_transformers_function(dtype, unsqueeze_dim, rope, s
 @pytest.mark.parametrize("d,rope", [(64, 16), (40, 8), (16, 16)],
                          ids=["48 copied + 16", "32 copied + 8 (not powers of 2)", "whole head"])
 def test_deepseek_v4_one_launch_writes_every_element(plans, dtype, heads_axis, d, rope, seed,
-                                                     monkeypatch):
+                                                     monkeypatch, request):
     """``rope_qk.rope_trailing``, the function's kernel call: one launch, the rotary slice as q
     and the copied channels as fused QKV's v part, into a NaN-poisoned result inside a larger
     NaN buffer: every element written (the rotary channels against the float64 formula, the
     others x's bits), nothing outside it; forward and backward (the transpose: the same call on
     -sin, as the per-pair tables make it); with the plans a GPU takes, in the interpreter too."""
     if plans == "a GPU's":
-        real = rope_qk.trailing_config
-        monkeypatch.setattr(rope_qk, "trailing_config", lambda on_gpu, *a: real(True, *a))
-        monkeypatch.setattr(rope_qk, "_PLANS", {})
+        request.getfixturevalue("trailing_gpu_plans")
     x = randn((2, 5, 3, d), dtype, seed)
     if heads_axis == 1:
         x = x.transpose(1, 2)
@@ -1200,14 +1207,11 @@ def test_deepseek_v4_one_launch_writes_every_element(plans, dtype, heads_axis, d
 
 
 @pytest.mark.parametrize("heads_axis", [1, 2])
-def test_deepseek_v4_in_place_paths(heads_axis, seed, monkeypatch):
+def test_deepseek_v4_in_place_paths(heads_axis, seed, monkeypatch, trailing_gpu_plans):
     """The in-place variant takes ``rope_qk.rope_trailing`` (x rotated where it lies, one launch)
     for one head or one token and the q+k path on the slice for many of both, as its comment
     says; each rotates the slice as the out-of-place call does, the copied channels' bits kept,
     the GPU's tile included (in the interpreter too)."""
-    real = rope_qk.trailing_config
-    monkeypatch.setattr(rope_qk, "trailing_config", lambda on_gpu, *a: real(True, *a))
-    monkeypatch.setattr(rope_qk, "_PLANS", {})
     monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())  # (none)
     trailing = []
     real_trailing = rope_qk.rope_trailing
