@@ -433,15 +433,8 @@ def _deepseek_v4(x, cos, sin, unsqueeze_dim, in_place):
     _refuse_angle_gradients(cos, sin)
     if in_place:
         validate_in_place(name, "apply_rotary_pos_emb_deepseek_v4", x=rope)
-        if torch.compiler.is_compiling() or (x.shape[unsqueeze_dim] > 1
-                                             and x.shape[3 - unsqueeze_dim] > 1):
-            # Many tokens of many heads (and under torch.compile, its in-place operator): the
-            # q+k functions' path on the slices (its tiles for heads narrowed in place), which
-            # took 0.36-0.39 of rope_trailing's time at 64 heads of 512 and 0.93 at 64 of 128;
-            # one head (the shared key-value head: there rope_trailing took 0.44-0.58 of this
-            # path's time) and one token (a decode step: 10.4 us a call against 22.4) take
-            # rope_trailing (H200, two runs of scripts/hf_deepseek_v4.py,
-            # figures/hf_deepseek_v4_h200*.json).
+        if torch.compiler.is_compiling():
+            # torch.compile: the q+k functions' in-place operator, on the slice
             _apply_one(rope, cos, sin, unsqueeze_dim, pairs, "x", name)
             return x
         shortcuts.full_path(

@@ -2300,18 +2300,29 @@ def rope_cos_sin(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 # heads of 512 and of 128 and at 1 head of 512; against default_config's tile (which sees a q
 # of no heads) scripts/hf_deepseek_v4.py records the A/B (figures/hf_deepseek_v4_h200.json).
 TRAILING_BYTES = 4096
+TRAILING_IN_PLACE_BYTES = 2048
 
 
-def trailing_config(on_gpu: bool, heads: int, head_dim: int, element_size: int):
-    """``rope_trailing``'s tile: on a GPU ``TRAILING_BYTES`` of x a program, as many heads of a
-    token as that holds (a power of two, up to the heads there are), then tokens; elsewhere (the
-    interpreter, whose cost is per program) None: ``default_config``'s."""
+def trailing_config(on_gpu: bool, heads: int, head_dim: int, rotary_dim: int, element_size: int,
+                    in_place: bool):
+    """``rope_trailing``'s tile: on a GPU, out of place ``TRAILING_BYTES`` of x a program on 4
+    warps, in place ``TRAILING_IN_PLACE_BYTES`` of the rotary slices (the only channels it moves)
+    on 2; as many heads of a token as that holds (a power of two, up to the heads there are),
+    then tokens. Elsewhere (the interpreter, whose cost is per program) None: ``default_config``'s.
+
+    In place, DeepSeek V4's slices of 64 of 512 or 128 channels in bf16 (H200, 5 shuffled
+    rounds; a probe, not recorded): 2 KB on 2 warps level with the q+k path's tiles (one token's
+    16 heads on 2 warps) at 64 heads, 0.30-0.51 of their time on the one shared key-value head
+    (one head a program there); 4 KB counted over the whole head, as out of place, gave a program
+    an eighth of that and took 2.5-2.7 times as long at heads of 512."""
     if not on_gpu or TRAILING_BYTES is None:
         return None
-    rows = 1 << max(0, (TRAILING_BYTES // (head_dim * element_size)).bit_length() - 1)
+    tile_bytes, row_channels = ((TRAILING_IN_PLACE_BYTES, rotary_dim) if in_place
+                                else (TRAILING_BYTES, head_dim))
+    rows = 1 << max(0, (tile_bytes // (row_channels * element_size)).bit_length() - 1)
     block_h = min(_next_pow2(heads), rows)
     return dict(block_s=max(1, rows // block_h), block_h=block_h, block_hk=block_h,
-                num_warps=4, all_heads=False)
+                num_warps=2 if in_place else 4, all_heads=False)
 
 
 def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_axis: int = 1,
@@ -2367,7 +2378,8 @@ def rope_trailing(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_a
                      cp_rank=0, t_strides=t_strides, p_strides=(0, 0), same_table=True,
                      offsets=(nope * x.stride(-1), nope * out.stride(-1), 0, 0),
                      in_place=in_place, aligned=aligned,
-                     config=trailing_config(x.is_cuda, sizes[2], x.shape[-1], x.element_size()))
+                     config=trailing_config(x.is_cuda, sizes[2], x.shape[-1], rope,
+                                            x.element_size(), in_place))
 
     _run(sig, make_plan, (x, out, x, out, x, out, cos, cos, sin, x, x))
     return out

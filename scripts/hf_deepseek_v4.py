@@ -17,13 +17,18 @@ Shapes (transformers 5.24's default ``DeepseekV4Config``), bf16, batch 1:
 
 Rows, each timed with ``bench.time_ms`` (do_bench median, L2 flushed) in shuffled rounds:
 ``ours`` (forward), ``ours backward`` (the kernel's backward call: the copy and the rotation by
--theta), ``ours in place`` (the rotary slice rotated where it lies), ``rules' tile`` (the forward
-planned on ``default_config``'s tile instead of ``rope_qk.trailing_config``'s: the A/B behind
-that rule, ``speed_over_rules`` per round, and whether its bits equal ours), ``transformers``
-(the module's function, eager) and ``copy_same`` (a copy of the bytes ``ours`` moves). Bytes: x
-read and the result written once (in place: the rotary slice), plus cos and sin read once.
-``decode``: one token of the attention's q, back-to-back calls (``bench.time_per_call_us``).
-Before timing, ours is checked against transformers' function in float64.
+-theta), ``ours in place`` (the in-place function: ``rope_trailing`` with ``out=x``, the
+rotary slice rotated where it lies), ``q+k path in place`` (the same through the q+k functions'
+path on the slice: what the in-place function runs under torch.compile, and ran eagerly for many
+tokens of many heads until ``trailing_config`` counted the rotated channels in place),
+``rules' tile`` (the forward planned on ``default_config``'s tile instead of
+``rope_qk.trailing_config``'s: the A/B behind that rule, ``speed_over_rules`` per round, and
+whether its bits equal ours), ``transformers`` (the module's function, eager) and ``copy_same``
+(a copy of the bytes ``ours`` moves). Bytes: x read and the result written once (in place: the
+rotary slice), plus cos and sin read once. ``decode``: one token of the attention's q (and 4
+in place), back-to-back calls (``bench.time_per_call_us``). Before timing, ours is checked
+against transformers' function in float64, and both in-place calls against ours out of place
+(bits).
 """
 
 from __future__ import annotations
@@ -68,8 +73,9 @@ def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]
     x, cos, sin = views(heads, head_dim, rope, tokens)
     ours = hf.apply_rotary_pos_emb_deepseek_v4
     exact = theirs(x.double(), cos.double(), sin.double())
-    torch.testing.assert_close(ours(x, cos, sin).double(), exact, rtol=2e-2, atol=2e-2)
-    x_in = x.clone()
+    result = ours(x, cos, sin)
+    torch.testing.assert_close(result.double(), exact, rtol=2e-2, atol=2e-2)
+    x_in, x_qk = x.clone(), x.clone()
     table = 2 * cos.numel() * cos.element_size()
     x_bytes = 2 * x.numel() * x.element_size()
     rotated = x_bytes * rope // head_dim
@@ -84,11 +90,18 @@ def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]
                           x_bytes + table),
         "ours in place": (lambda: hf.apply_rotary_pos_emb_deepseek_v4_inplace(x_in, cos, sin),
                           rotated + table),
+        "q+k path in place": (lambda: hf._apply_one(x_qk.narrow(-1, head_dim - rope, rope), cos,
+                                                    sin, 1, "interleaved_per_pair", "x",
+                                                    "apply_rotary_pos_emb_deepseek_v4_inplace"),
+                              rotated + table),
         "rules' tile": (forward, x_bytes + table),
         "transformers": (lambda: theirs(x, cos, sin), x_bytes + table),
         "copy_same": (lambda: dst.copy_(src), x_bytes + table),
     }
-    same_bits = torch.equal(forward(), ours(x, cos, sin))
+    same_bits = torch.equal(forward(), result)
+    for in_place in ("ours in place", "q+k path in place"):
+        calls[in_place][0]()
+    assert torch.equal(x_in, result) and torch.equal(x_qk, result), "in place differs"
     with torch.no_grad():
         times = bench.shuffled_times({n: fn for n, (fn, _) in calls.items()}, rounds)
     rows = []
@@ -103,13 +116,21 @@ def measure(name: str, tokens: int, rounds: int, copy_gbps: float) -> list[dict]
 
 
 def decode() -> list[dict]:
+    """Back-to-back calls at one token of the attention's q, and in place at 4 (a short chunk:
+    many tokens of many heads, which took the q+k path in place before)."""
     x, cos, sin = views(64, 512, 64, 1)
-    calls = {"ours": lambda: hf.apply_rotary_pos_emb_deepseek_v4(x, cos, sin),
-             "ours in place": lambda: hf.apply_rotary_pos_emb_deepseek_v4_inplace(x, cos, sin),
-             "transformers": lambda: modeling_deepseek_v4.apply_rotary_pos_emb(x, cos, sin)}
+    x4, cos4, sin4 = views(64, 512, 64, 4)
+    calls = {("1 token", "ours"): lambda: hf.apply_rotary_pos_emb_deepseek_v4(x, cos, sin),
+             ("1 token", "ours in place"):
+                 lambda: hf.apply_rotary_pos_emb_deepseek_v4_inplace(x, cos, sin),
+             ("1 token", "transformers"):
+                 lambda: modeling_deepseek_v4.apply_rotary_pos_emb(x, cos, sin),
+             ("4 tokens", "ours in place"):
+                 lambda: hf.apply_rotary_pos_emb_deepseek_v4_inplace(x4, cos4, sin4)}
     with torch.no_grad():
-        return [dict(shape="decode: attention q, 1 token", call=call,
-                     us_per_call=bench.time_per_call_us(fn)) for call, fn in calls.items()]
+        return [dict(shape=f"decode: attention q, {tokens}", call=call,
+                     us_per_call=bench.time_per_call_us(fn))
+                for (tokens, call), fn in calls.items()]
 
 
 def main(argv=None) -> None:

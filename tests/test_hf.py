@@ -1207,30 +1207,35 @@ def test_deepseek_v4_one_launch_writes_every_element(plans, dtype, heads_axis, d
 
 
 @pytest.mark.parametrize("heads_axis", [1, 2])
-def test_deepseek_v4_in_place_paths(heads_axis, seed, monkeypatch, trailing_gpu_plans):
-    """The in-place variant takes ``rope_qk.rope_trailing`` (x rotated where it lies, one launch)
-    for one head or one token and the q+k path on the slice for many of both, as its comment
-    says; each rotates the slice as the out-of-place call does, the copied channels' bits kept,
-    the GPU's tile included (in the interpreter too)."""
+def test_deepseek_v4_in_place_path(heads_axis, seed, monkeypatch, trailing_gpu_plans):
+    """The in-place variant is one launch of ``rope_qk.rope_trailing`` with ``out=x`` (x rotated
+    where it lies) for one head, one token and many of both, planned on the GPU's in-place tile
+    (in the interpreter too): ``TRAILING_IN_PLACE_BYTES`` of the rotary slices a program on 2
+    warps. Each rotates the slice as the out-of-place call does, the copied channels' bits
+    kept."""
     monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())  # (none)
     trailing = []
     real_trailing = rope_qk.rope_trailing
     monkeypatch.setattr(rope_qk, "rope_trailing",
                         lambda *a, **kw: trailing.append(kw.get("out")) or real_trailing(*a, **kw))
-    for heads, tokens, takes_trailing in [(1, 5, True), (4, 1, True), (4, 5, False)]:
-        trailing.clear()
+    for heads, tokens in [(1, 5), (4, 1), (4, 5)]:
         x = randn((2, tokens, heads, 40), torch.bfloat16, seed)
         if heads_axis == 1:
             x = x.transpose(1, 2)
         cos, sin = (randn((2, tokens, 8), torch.float32, seed + i) for i in (1, 2))
         want = V4(x, cos, sin, heads_axis)
         x_in = x.clone()
+        rope_qk._PLANS.clear()  # (the in-place call's plan alone)
         trailing.clear()
         assert rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4_inplace(
             x_in, cos, sin, heads_axis) is x_in
-        assert sum(out is x_in for out in trailing) == int(takes_trailing), (heads, tokens)
+        assert len(trailing) == 1 and trailing[0] is x_in, (heads, tokens)
         assert torch.equal(x_in[..., :24], x[..., :24])
         assert_rope_close(x_in, want.double(), torch.bfloat16, f"{heads} heads, {tokens} tokens")
+        # 2 KB of 16-channel rows: 64 rows, as many of the heads as there are, then tokens
+        (plan,) = rope_qk._PLANS.values()
+        assert (plan.constexprs["BLOCK_S"], plan.constexprs["BLOCK_HK"], plan.num_warps,
+                plan.constexprs["HAS_V"]) == (64 // heads, heads, 2, False)
 
 
 def test_only_ours_computes_deepseek_v4s(seed):
