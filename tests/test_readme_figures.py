@@ -1063,24 +1063,27 @@ def test_hf_complex_recording_is_quoted_as_recorded():
 
 
 def test_hf_deepseek_v4_recordings_are_quoted_as_recorded():
-    """figures/hf_deepseek_v4_h200.json and ..._run1.json (scripts/hf_deepseek_v4.py): DeepSeek
-    V4's function at its attention's q, its indexer's q and its shared key-value head, 2 sizes
-    each; the second run's in-place calls through rope_trailing, the first run's through the q+k
-    path. The notes' table (every fraction, the speed over the rules' tile, both in-place
-    columns), the spans in the notes, and the README's and recorded_results' figures."""
+    """figures/hf_deepseek_v4_h200.json, ..._run1.json and ..._run2.json
+    (scripts/hf_deepseek_v4.py): DeepSeek V4's function at its attention's q, its indexer's q and
+    its shared key-value head, 2 sizes each. The third run (the file without a suffix) has the
+    in-place function on rope_trailing's in-place tile beside the q+k path on the slice; the
+    first run's in-place calls went through that path, the second's through rope_trailing on the
+    forward's tile. The notes' table (every fraction, the speed over the rules' tile, both
+    in-place columns), the spans and ratios in the notes, the second run's in-place figures, and
+    the README's and recorded_results' figures."""
     runs = [json.loads((FIGURES / f"hf_deepseek_v4_h200{suffix}.json").read_text())
-            for suffix in ("_run1", "")]
-    assert [r["provenance"]["source_commit"] for r in runs] == ["20777bf", "4195a7d"]
-    first, by = ({(r["shape"], r["tokens"], r["call"]): r for r in run["rows"] if "of_copy" in r}
-                 for run in runs)
+            for suffix in ("_run1", "_run2", "")]
+    assert [r["provenance"]["source_commit"] for r in runs] == ["20777bf", "4195a7d", "33b6452"]
+    _, second, by = ({(r["shape"], r["tokens"], r["call"]): r for r in run["rows"]
+                      if "of_copy" in r} for run in runs)
     shapes = sorted({(s, t) for s, t, _ in by}, key=lambda st: (list(
         ("attention q", "indexer q", "shared kv")).index(st[0]), st[1]))
     assert len(shapes) == 6
     for s, t in shapes:
         o = by[s, t, "ours"]
         assert o["same_bits_as_rules"]
-        in_place = [f"{run[s, t, 'ours in place']['of_copy']:.3f} "
-                    f"({run[s, t, 'ours in place']['time_us']:.1f} us)" for run in (first, by)]
+        in_place = [f"{by[s, t, c]['of_copy']:.3f} ({by[s, t, c]['time_us']:.1f} us)"
+                    for c in ("ours in place", "q+k path in place")]
         cells = [s, f"{o['heads']} x {o['head_dim']}", str(t), f"{o['mbytes']:.0f}",
                  *(f"{by[s, t, c]['of_copy']:.3f}" for c in ("ours", "ours backward",
                                                              "rules' tile")),
@@ -1095,21 +1098,38 @@ def test_hf_deepseek_v4_recordings_are_quoted_as_recorded():
             f"times as fast") in notes
     rounds = [x for s, t in shapes for x in by[s, t, "ours"]["speed_over_rules"]]
     assert f"(per round {_span(rounds)})" in notes
-    decode = [{r["call"]: r["us_per_call"] for r in run["rows"] if "us_per_call" in r}
-              for run in runs]
-    assert (f"a decode-sized call (one token of the attention's q, back to back) "
-            f"{decode[1]['ours in place']:.1f} us against "
-            f"{decode[0]['ours in place']:.1f}") in notes
+    # in place: rope_trailing's time over the q+k path's
+    over = {st: by[(*st, "ours in place")]["time_us"] / by[(*st, "q+k path in place")]["time_us"]
+            for st in shapes}
+    many = [over[st] for st in shapes if st[0] != "shared kv"]
+    kv = [over[st] for st in shapes if st[0] == "shared kv"]
+    assert (f"took {min(many):.2f}-{max(many):.2f} times the q+k path's time at 64 heads (its "
+            f"time over theirs {over[shapes[0]]:.2f} / {over[shapes[1]]:.2f} at heads of 512, "
+            f"{over[shapes[2]]:.2f} / {over[shapes[3]]:.2f} at heads of 128") in notes
+    assert f"and {kv[0]:.2f} / {kv[1]:.2f} of it at the shared key-value head" in notes
+    before = [second[(*st, "ours in place")] for st in shapes]
+    assert (f"({before[0]['of_copy']:.3f} / {before[1]['of_copy']:.3f} of copy at the attention's "
+            f"q, {before[0]['time_us']:.1f} / {before[1]['time_us']:.1f} us; "
+            f"{before[4]['of_copy']:.3f} / {before[5]['of_copy']:.3f} at the key-value head)"
+            ) in notes
+    decode = {(r["shape"], r["call"]): r["us_per_call"] for r in runs[2]["rows"]
+              if "us_per_call" in r}
+    one, four = "decode: attention q, 1 token", "decode: attention q, 4 tokens"
+    assert (f"one token of the attention's q in place {decode[one, 'ours in place']:.1f} us, and "
+            f"4 tokens {decode[four, 'ours in place']:.1f}") in notes
     pair = {s: " / ".join(f"{frac[s, t, 'ours']:.3f}" for ss, t in shapes if ss == s)
             for s, _ in shapes}
     readme = " ".join(README.split())
     assert f"{pair['attention q']} of copy at its attention's 64 heads of 512" in readme
     assert f"{pair['indexer q']} at its indexer's 64 heads of 128" in readme
-    assert (f"takes {decode[1]['ours']:.1f} us back to back ({decode[1]['transformers']:.1f} "
-            f"through transformers' function") in readme
+    assert (f"takes {decode[one, 'ours']:.1f} us back to back ({decode[one, 'transformers']:.1f} "
+            f"through transformers' function; in place, one launch into the rotary slices, "
+            f"{decode[one, 'ours in place']:.1f}") in readme
     recorded = " ".join(RECORDED.split())
     assert f"{pair['attention q']} of copy at the attention's 64 heads of 512" in recorded
     assert f"{pair['shared kv']} at the shared key-value head" in recorded
-    assert (f"{decode[1]['ours']:.1f} us (transformers' function "
-            f"{decode[1]['transformers']:.1f}), in place "
-            f"{decode[1]['ours in place']:.1f}") in recorded
+    assert (f"{min(many):.2f}-{max(many):.2f} times the time of the q+k path on the slice at 64 "
+            f"heads, {min(kv):.2f}-{max(kv):.2f} of it at the shared key-value head") in recorded
+    assert (f"{decode[one, 'ours']:.1f} us (transformers' function "
+            f"{decode[one, 'transformers']:.1f}), in place {decode[one, 'ours in place']:.1f}, "
+            f"4 tokens in place {decode[four, 'ours in place']:.1f}") in recorded
