@@ -470,6 +470,51 @@ def _validate_vision_meta(q, k, cos, sin, function) -> None:
                          f"{tuple(sin.shape)}")
 
 
+def validate_2d_args(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, function: str) -> None:
+    """transformers' SAM-family ``apply_rotary_pos_emb_2d(q, k, cos, sin, num_k_exclude_rope=0,
+    repeat_freqs_k=False)``: the shapes and arguments that function takes, checked before the
+    call becomes one or two q+k calls (whose checks, ``validate_hf_args``, do the rest: dtypes,
+    devices, even channels). ``function``: our function's name, for the messages."""
+    sig = None
+    if all(isinstance(x, torch.Tensor) for x in (q, k, cos, sin)):
+        sig = ("2d", _meta(q), _meta(k), _meta(cos), _meta(sin), num_k_exclude_rope,
+               type(num_k_exclude_rope), repeat_freqs_k, type(repeat_freqs_k), function)
+    _remembered(sig, lambda: _validate_2d_meta(q, k, cos, sin, num_k_exclude_rope,
+                                               repeat_freqs_k, function))
+
+
+def _validate_2d_meta(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, function) -> None:
+    for name, x in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _tensor(name, x, f"see rope_kernels.hf.{function}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"{function}: q and k must be 4-D, [batch, heads, tokens, head_dim] (as "
+                         f"SAM's attention passes them), got shapes {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
+    if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
+        raise ValueError(f"{function}: k must match q in batch, heads and head_dim, got q "
+                         f"{tuple(q.shape)} and k {tuple(k.shape)}")
+    if (cos.shape != sin.shape or cos.dim() not in (2, 3) or cos.dim() == 3 and cos.shape[0] != 1
+            or cos.shape[-2:] != (q.shape[2], q.shape[3])):
+        raise ValueError(f"{function}: cos and sin must have one shape, [1, tokens, head_dim] (the "
+                         f"rotary module's) or [tokens, head_dim], tokens = {q.shape[2]} and "
+                         f"head_dim = {q.shape[3]} from q {tuple(q.shape)}: one row per token, "
+                         f"broadcast over batch and heads, covering the whole head; got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if isinstance(num_k_exclude_rope, bool) or not isinstance(num_k_exclude_rope, int):
+        raise TypeError(f"{function}: num_k_exclude_rope must be an int (how many of k's last "
+                        f"tokens are not rotated), got {_describe(num_k_exclude_rope)}")
+    if not 0 <= num_k_exclude_rope <= k.shape[2]:
+        raise ValueError(f"{function}: num_k_exclude_rope must be in [0, {k.shape[2]}] (k's "
+                         f"tokens), got {num_k_exclude_rope}")
+    rotated, tokens = k.shape[2] - num_k_exclude_rope, q.shape[2]
+    if rotated and rotated != tokens and not (repeat_freqs_k and rotated % tokens == 0):
+        raise ValueError(
+            f"{function}: k's rotated tokens ({k.shape[2]} less num_k_exclude_rope = "
+            f"{num_k_exclude_rope}: {rotated}) must be q's {tokens}, or, with "
+            f"repeat_freqs_k=True, a multiple of them (cos and sin repeated), got repeat_freqs_k="
+            f"{repeat_freqs_k}")
+
+
 def validate_complex_args(xq, xk, freqs, function: str, names: tuple, heads_axis: int,
                           vision: bool = False) -> None:
     """transformers' ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama 4's text model, heads on

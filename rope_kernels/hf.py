@@ -83,6 +83,11 @@ parts in place as its cos and sin:
 - ``apply_rotary_emb_llama4_vision(query, key, freqs_ci)``: Llama 4's vision encoder's
   ``vision_apply_rotary_emb``, query ``[images, patches, h, d]``, one angle per patch and pair.
 
+And the SAM family's ``apply_rotary_pos_emb_2d(q, k, cos, sin, num_k_exclude_rope=0,
+repeat_freqs_k=False)`` (SAM 3's ViT; SAM 2 Video's and SAM 3 Tracker Video's memory attention,
+which may leave k's last tokens unrotated and repeat the angles over the frames of its memory):
+Cohere's pairing with one row of cos and sin per token, ``[1, s, d]``.
+
 Assigning one over a model's function of another convention gives wrong results without an error
 (the signatures are the same; GPT-OSS's narrower cos would pass for Llama's partial rotary):
 check the model's ``rotate_half`` (``x[..., ::2]`` is interleaved, ``cat(x2, -x1)`` NanoChat's
@@ -98,11 +103,10 @@ that need a gradient (the out-of-place function is the differentiable one).
 ``patch(model)`` does the choosing and the assigning for a model instance: it runs the model once
 on a few tokens, takes the arguments of the first call its attention makes to its module's
 ``apply_rotary_pos_emb`` (``apply_rotary_pos_emb_interleave``, ``apply_rotary_pos_emb_vision``,
-``apply_rotary_emb``, ``vision_apply_rotary_emb``), and assigns the one function
-of ours that computes transformers' result on them (checked against transformers' function in
-float64); it raises, and changes nothing, where none does or where the call cannot tell them
-apart. ``unpatch(model)`` puts transformers'
-functions back.
+``apply_rotary_emb``, ``vision_apply_rotary_emb``, ``apply_rotary_pos_emb_2d``), and assigns
+the one function of ours that computes transformers' result on them (checked against
+transformers' function in float64); it raises, and changes nothing, where none does or where
+the call cannot tell them apart. ``unpatch(model)`` puts transformers' functions back.
 """
 
 from __future__ import annotations
@@ -116,8 +120,8 @@ import torch
 from . import _ops
 from . import api as _api
 from . import rope_qk as _qk
-from ._validate import (validate_complex_args, validate_hf_args, validate_in_place,
-                        validate_vision_args)
+from ._validate import (validate_2d_args, validate_complex_args, validate_hf_args,
+                        validate_in_place, validate_vision_args)
 
 __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos_emb_interleaved",
            "apply_rotary_pos_emb_gpt_oss", "apply_rotary_pos_emb_gpt_oss_interleaved",
@@ -134,7 +138,8 @@ __all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_glm", "apply_rotary_pos
            "apply_rotary_pos_emb_vision_interleaved_inplace", "apply_rotary_emb_llama4",
            "apply_rotary_emb_llama4_inplace", "apply_rotary_emb_deepseek_v2",
            "apply_rotary_emb_deepseek_v2_inplace", "apply_rotary_emb_llama4_vision",
-           "apply_rotary_emb_llama4_vision_inplace", "patch", "unpatch", "Patched"]
+           "apply_rotary_emb_llama4_vision_inplace", "apply_rotary_pos_emb_2d",
+           "apply_rotary_pos_emb_2d_inplace", "patch", "unpatch", "Patched"]
 
 _Tensor = torch.Tensor
 _INTERLEAVED = frozenset(pairs for pairs, (_, interleaved, _) in _qk.HF_PAIRS.items() if interleaved)
@@ -558,6 +563,120 @@ def _apply_vision(q, k, cos, sin, pairs, name):
     return (q, k) if in_place else (q_embed.squeeze(0), k_embed.squeeze(0))
 
 
+def apply_rotary_pos_emb_2d(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            num_k_exclude_rope: int = 0, repeat_freqs_k: bool = False):
+    """RoPE on q and k as ``transformers``' SAM-family function ``apply_rotary_pos_emb_2d``: SAM
+    3's (its ViT backbone's attention) and SAM 2 Video's, EdgeTAM Video's and SAM 3 Tracker
+    Video's (their memory attention, with the two keyword arguments). Channels 2j and 2j+1
+    rotated together (``rotate_pairwise``), each channel by its own entry of cos and sin (the
+    axial rotary module repeat_interleaves them: Cohere's pairing), one row of cos and sin per
+    token, broadcast over batch and heads. Assign it over that name::
+
+        import transformers.models.sam3.modeling_sam3 as sam3
+        sam3.apply_rotary_pos_emb_2d = rope_kernels.hf.apply_rotary_pos_emb_2d
+
+    Args:
+        q: ``[b, h, s, d]`` (the transposed view of a projection), float32/float16/bfloat16, any
+            strides.
+        k: ``[b, h, s_k, d]``, q's dtype.
+        cos, sin: ``[1, s, d]`` (the rotary module's output) or ``[s, d]``, any float dtype,
+            covering the whole head.
+        num_k_exclude_rope: k's last ``num_k_exclude_rope`` tokens are not rotated (SAM 2
+            Video's object pointers): passed through.
+        repeat_freqs_k: where k's rotated tokens are r times q's (the memories of r frames),
+            token j of them takes the angles of q's token j mod s (cos and sin repeated).
+
+    Returns:
+        New ``(q_embed, k_embed)`` of q's and k's shapes and dtype, computed in float32 as
+        transformers' function computes, laid out like q and k (SAM 3's ViT, SAM 2 Video's
+        self-attention) or, where k has tokens passed through or frames, ``k_embed``
+        contiguous, as transformers' ``torch.cat`` returns it. One launch for q and k: k's
+        frames are viewed as heads of their own (k ``[b, h * frames, s, d]``, so that cos's rows
+        cover each frame), which k's strides allow for one head (SAM 2 Video's memory
+        attention) or a contiguous k; where they do not (several heads of a transposed
+        projection), two, q and then k on cos and sin repeated. Differentiable with respect to
+        q and k.
+    """
+    return _apply_2d(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, False)
+
+
+def apply_rotary_pos_emb_2d_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                    sin: torch.Tensor, num_k_exclude_rope: int = 0,
+                                    repeat_freqs_k: bool = False):
+    """``apply_rotary_pos_emb_2d`` writing into q and k's rotated tokens and returning (q, k), as
+    ``apply_rotary_pos_emb_inplace`` (q and k must not need a gradient): k's last
+    ``num_k_exclude_rope`` tokens are neither read nor written."""
+    return _apply_2d(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, True)
+
+
+def _apply_2d(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, in_place):
+    """The SAM functions' body: Cohere's pairs (``"interleaved"``), heads on axis 1."""
+    name = "apply_rotary_pos_emb_2d" + ("_inplace" if in_place else "")
+    in_place_name = name if in_place else None
+    if (num_k_exclude_rope == 0 and type(num_k_exclude_rope) is int and type(q) is _Tensor
+            and type(k) is _Tensor and type(cos) is _Tensor and q.dim() == k.dim() == 4
+            and k.shape[2] == q.shape[2] and cos.shape[-1] == q.shape[3]
+            and (cos.dim() == 2 or cos.dim() == 3 and cos.shape[0] == 1)):
+        # All of k rotated, as many tokens as q: the q+k path, one launch (and the shortcut).
+        # (Not for cos of more than one batch row, which SAM's function broadcasts over the
+        # heads, nor narrower than the head, which it refuses: the checks below name them.)
+        return _apply(q, k, cos, sin, 1, "interleaved", in_place, in_place_name=in_place_name,
+                      validate=lambda: validate_2d_args(q, k, cos, sin, num_k_exclude_rope,
+                                                        repeat_freqs_k, name))
+    validate_2d_args(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, name)
+    if in_place:  # both refused, or neither written
+        validate_in_place(name, "apply_rotary_pos_emb_2d", q=q, k=k)
+    tokens, rotated = q.shape[2], k.shape[2] - num_k_exclude_rope
+    k_rot, k_pass = k.narrow(2, 0, rotated), k.narrow(2, rotated, num_k_exclude_rope)
+    if rotated == 0:  # no key rotated: q alone
+        q_embed = _apply_one(q, cos, sin, 1, "interleaved", "q", in_place_name)
+        return (q, k) if in_place else (q_embed, torch.cat([k_rot, k_pass], dim=2))
+    frames = rotated // tokens
+    k_heads = _frames_as_heads(k_rot, frames, tokens)
+    if k_heads is None:
+        # (k's strides allow no such view: several heads of a transposed projection) q, then k
+        # with the angles repeated, token j of k's rotated ones at q's token j mod s
+        q_embed = _apply_one(q, cos, sin, 1, "interleaved", "q", in_place_name)
+        cos_k, sin_k = (t.reshape(t.shape[-2:]).repeat(frames, 1) for t in (cos, sin))
+        k_embed = _apply_one(k_rot, cos_k, sin_k, 1, "interleaved", "k", in_place_name)
+    elif in_place:
+        _apply(q, k_heads, cos, sin, 1, "interleaved", True, in_place_name=name)
+        return q, k
+    else:
+        if not (torch.compiler.is_compiling() or _api._needs_grad(q, k)):
+            # Eager inference: k's rotated tokens written straight into the concatenated result
+            # (as transformers' torch.cat lays it out), the passed ones copied beside them.
+            q_embed = torch.empty_like(q)
+            k_embed = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+            k_out = _frames_as_heads(k_embed.narrow(2, 0, rotated), frames, tokens)
+            if k_out is not None:
+                validate_hf_args(q, k_heads, cos, sin, 1, "interleaved")
+                _refuse_angle_gradients(cos, sin)
+                _qk.rope_cos_sin(q, k_heads, cos, sin, 1, pairs="interleaved", q_out=q_embed,
+                                 k_out=k_out)
+                k_embed.narrow(2, rotated, num_k_exclude_rope).copy_(k_pass)
+                return q_embed, k_embed
+        q_embed, k_embed = _apply(q, k_heads, cos, sin, 1, "interleaved")
+        k_embed = k_embed.reshape(k_rot.shape)
+    if in_place:
+        return q, k
+    return q_embed, torch.cat([k_embed, k_pass], dim=2) if num_k_exclude_rope else k_embed
+
+
+def _frames_as_heads(x, frames, tokens):
+    """x ``[b, h, frames * tokens, d]`` as a view ``[b, h * frames, tokens, d]``: each frame of
+    a memory its own heads, so that cos and sin of ``tokens`` rows cover every frame, and q and
+    k go in one launch (SAM 2 Video's memory attention, one head, views so in any layout); None
+    where x's strides allow no such view."""
+    if frames == 1:
+        return x
+    b, h, _, d = x.shape
+    try:
+        return x.view(b, h * frames, tokens, d)
+    except RuntimeError:
+        return None
+
+
 def apply_rotary_emb_llama4(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
     """RoPE on q and k with the model's complex angles, as ``transformers``' Llama 4 text function
     ``apply_rotary_emb(xq, xk, freqs_cis)``: channels 2j and 2j+1 taken as the complex number
@@ -804,6 +923,7 @@ _IN_PLACE_OF = {
     apply_rotary_emb_llama4: apply_rotary_emb_llama4_inplace,
     apply_rotary_emb_deepseek_v2: apply_rotary_emb_deepseek_v2_inplace,
     apply_rotary_emb_llama4_vision: apply_rotary_emb_llama4_vision_inplace,
+    apply_rotary_pos_emb_2d: apply_rotary_pos_emb_2d_inplace,
 }
 _ALL_OURS = frozenset(_IN_PLACE_OF) | frozenset(_IN_PLACE_OF.values())
 # How far from transformers' function, computed in float64, a result of ours may be, relative to
@@ -814,9 +934,10 @@ _PATCH_TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e
 # The names under which transformers' attention calls a modeling module's rotation of q and k:
 # DeepSeek V3's (and its copies') calls the second where ``config.rope_interleave`` is set, the
 # vision encoders of Qwen2-VL and its kind the third, Llama 4's text model and DeepSeek V2's (by
-# complex angles) the fourth, Llama 4's vision encoder the fifth.
+# complex angles) the fourth, Llama 4's vision encoder the fifth, the SAM family's (SAM 3's ViT,
+# SAM 2 Video's memory attention) the sixth.
 _NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_vision",
-          "apply_rotary_emb", "vision_apply_rotary_emb")
+          "apply_rotary_emb", "vision_apply_rotary_emb", "apply_rotary_pos_emb_2d")
 # (modeling module, name) -> transformers' function, while one of ours is assigned there
 _ORIGINALS: dict = {}
 
@@ -825,8 +946,8 @@ class Patched(NamedTuple):
     """One function of a modeling module that ``patch`` replaced: ``ours`` is there now under
     ``name`` (``apply_rotary_pos_emb``, DeepSeek V3's ``apply_rotary_pos_emb_interleave``, a
     vision encoder's ``apply_rotary_pos_emb_vision``, Llama 4's or DeepSeek V2's
-    ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``), ``theirs`` (transformers'
-    function) was."""
+    ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``, SAM's
+    ``apply_rotary_pos_emb_2d``), ``theirs`` (transformers' function) was."""
 
     module: types.ModuleType
     ours: Callable
@@ -867,12 +988,16 @@ def _as_tuple(result) -> tuple:
 
 def _candidates(name: str) -> list:
     """The out-of-place functions of ours that ``patch`` tries where a model calls ``name``.
-    Every one but Llama 4's vision function, which is tried only for its own name: on the
-    angles of a batch of one, ``[1, s, d / 2]``, it computes what Llama 4's text function
-    computes, so the two cannot be told apart by computing, only by the name called."""
-    vision = apply_rotary_emb_llama4_vision
-    return [vision] if name == "vision_apply_rotary_emb" else [f for f in _IN_PLACE_OF
-                                                               if f is not vision]
+    Llama 4's vision function and the SAM function are tried only for their own names, and only
+    they there: on the angles of a batch of one, ``[1, s, d / 2]``, Llama 4's vision function
+    computes what Llama 4's text function computes, and on cos and sin of a batch of one the
+    SAM function what Cohere's computes, so each pair can be told apart only by the name
+    called."""
+    own = {"vision_apply_rotary_emb": apply_rotary_emb_llama4_vision,
+           "apply_rotary_pos_emb_2d": apply_rotary_pos_emb_2d}
+    if name in own:
+        return [own[name]]
+    return [f for f in _IN_PLACE_OF if f not in own.values()]
 
 
 def _distances(theirs: Callable, args: tuple, kwargs: dict,
@@ -911,11 +1036,12 @@ def patch(model: torch.nn.Module, inplace: bool = False,
     Runs ``model(**example_inputs)`` once under ``torch.no_grad()`` (by default 8 token ids,
     ``input_ids`` [1, 8]) with a recorder around the ``apply_rotary_pos_emb`` (DeepSeek V3's
     ``apply_rotary_pos_emb_interleave``, a vision encoder's ``apply_rotary_pos_emb_vision``,
-    Llama 4's and DeepSeek V2's ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``) of
-    each module that defines the model's classes, and takes the arguments of the first call to
-    each: q, k and the model's own cos and sin (or complex angles), as its attention passes them.
-    Each of our fifteen functions (Llama 4's vision function for its own name only, the others
-    for the others) is called on them and compared with transformers' function on the same arguments
+    Llama 4's and DeepSeek V2's ``apply_rotary_emb``, Llama 4's ``vision_apply_rotary_emb``, the
+    SAM family's ``apply_rotary_pos_emb_2d``) of each module that defines the model's classes,
+    and takes the arguments of the first call to each: q, k and the model's own cos and sin (or
+    complex angles), as its attention passes them. Each of our sixteen functions (Llama 4's
+    vision function and the SAM function for their own names only, the others for the others)
+    is called on them and compared with transformers' function on the same arguments
     in float64; the one within the rounding of q's dtype is assigned (its ``_inplace`` variant
     with ``inplace=True``: for generation and serving, no gradient). Calling it again re-chooses;
     ``unpatch`` undoes it.
@@ -952,7 +1078,7 @@ def patch(model: torch.nn.Module, inplace: bool = False,
             f"patch: none of the modules that define {type(model).__name__}'s classes has an "
             f"apply_rotary_pos_emb function (nor DeepSeek V3's apply_rotary_pos_emb_interleave, "
             f"nor a vision encoder's apply_rotary_pos_emb_vision, nor Llama 4's "
-            f"apply_rotary_emb or vision_apply_rotary_emb): "
+            f"apply_rotary_emb or vision_apply_rotary_emb, nor SAM's apply_rotary_pos_emb_2d): "
             f"this model does not rotate q and k through one "
             f"(no RoPE, or RoPE computed another way), so there is nothing to replace")
     current = {(module, name): getattr(module, name) for module, name in functions}

@@ -103,6 +103,11 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             lambda x: rope_kernels.hf.apply_rotary_pos_emb_deepseek_v4(
                 x.transpose(1, 2), hf_cos[..., : D // 8].cos(), hf_cos[..., : D // 8].sin()),
             [randn((2, seq, 4, D), dtype, seed)]),
+        "hf 2d (SAM 2 Video's memory attention: angles over 2 frames, k's last 3 tokens passed)": (
+            lambda q, k: _flat(rope_kernels.hf.apply_rotary_pos_emb_2d(
+                q.transpose(1, 2), k.transpose(1, 2), hf_cos[:1].cos(), hf_cos[:1].sin(),
+                num_k_exclude_rope=3, repeat_freqs_k=True)),
+            [randn((2, seq, 4, D), dtype, seed), randn((2, 2 * seq + 3, 4, D), dtype, seed + 1)]),
     }
 
 

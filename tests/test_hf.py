@@ -2226,3 +2226,218 @@ def test_complex_angles_of_any_layout(seed):
             assert_rope_close(g, hf_reference(x, cos, sin, 2, "interleaved_per_pair"),
                               torch.float32, case)
     assert offsets == {"one tensor's parts": 1, "two tensors": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# The SAM family's apply_rotary_pos_emb_2d: SAM 3's ViT, SAM 2 Video's memory attention
+# ---------------------------------------------------------------------------------------------
+SAM_2D = rope_kernels.hf.apply_rotary_pos_emb_2d
+SAM_2D_INPLACE = rope_kernels.hf.apply_rotary_pos_emb_2d_inplace
+# transformers' modules that define it: SAM 3's takes (q, k, cos, sin), the video models' two
+# keyword arguments more
+SAM_FAMILIES = ["sam3", "sam2_video", "sam3_tracker_video"]
+_SAM_TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _sam_inputs(dtype, seed, k_tokens=6, tokens=6, heads=3, head_dim=16):
+    """q ``[2, h, tokens, d]`` and k ``[2, h, k_tokens, d]``, the transposed views of ``[b, s, h,
+    d]`` projections, as SAM's attention makes them; cos and sin ``[1, tokens, d]`` of random
+    angles, one per pair repeat_interleaved, as its axial rotary module lays them out."""
+    q = randn((2, tokens, heads, head_dim), dtype, seed).transpose(1, 2)
+    k = randn((2, k_tokens, heads, head_dim), dtype, seed + 1).transpose(1, 2)
+    angles = (3 * randn((1, tokens, head_dim // 2), torch.float32, seed + 2)).repeat_interleave(
+        2, -1)
+    return q, k, angles.cos(), angles.sin()
+
+
+def _sam_reference(q, k, cos, sin, num_k_exclude_rope=0):
+    """The float64 formula: Cohere's pairs, cos and sin one row per token (repeated over the
+    frames of k's rotated tokens), k's last ``num_k_exclude_rope`` tokens as they are."""
+    rotated = k.shape[2] - num_k_exclude_rope
+    frames = rotated // q.shape[2]
+    k_cos, k_sin = cos.repeat(1, frames, 1), sin.repeat(1, frames, 1)
+    k_rot = hf_reference(k[:, :, :rotated], k_cos, k_sin, 1, "interleaved")
+    return (hf_reference(q, cos, sin, 1, "interleaved"),
+            torch.cat((k_rot, k[:, :, rotated:].double()), 2))
+
+
+def _count_launches(monkeypatch):
+    """The launches of rope_qk from here on (the shortcut's set aside: none of its entries)."""
+    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())
+    launches = []
+    real_launch = rope_qk.launch
+    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
+    return launches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", SAM_FAMILIES)
+def test_sam_2d_matches_transformers(family, dtype, seed, monkeypatch):
+    """SAM 3's ViT call (k's tokens q's, all rotated) in one launch, against each family's
+    function in float64 and in the dtype and against the float64 formula; the in-place variant
+    writes the same bits into q and k and returns them."""
+    theirs = _modeling(family).apply_rotary_pos_emb_2d
+    q, k, cos, sin = _sam_inputs(dtype, seed)
+    launches = _count_launches(monkeypatch)
+    ours = SAM_2D(q, k, cos, sin)
+    assert len(launches) == 1
+    exact = theirs(q.double(), k.double(), cos.double(), sin.double())
+    in_dtype = theirs(q, k, cos, sin)
+    for name, o, e, r, ref in zip("qk", ours, exact, in_dtype, _sam_reference(q, k, cos, sin)):
+        assert o.dtype == dtype and o.shape == e.shape, name
+        assert_rope_close(o, e, dtype, f"{name} against theirs in float64")
+        assert_rope_close(o, ref, dtype, f"{name} against the formula")
+        torch.testing.assert_close(o, r, rtol=_SAM_TOL[dtype], atol=_SAM_TOL[dtype])
+    q_in, k_in = q.clone(), k.clone()
+    launches.clear()
+    got = SAM_2D_INPLACE(q_in, k_in, cos, sin)
+    assert got[0] is q_in and got[1] is k_in and len(launches) == 1
+    assert torch.equal(q_in, ours[0]) and torch.equal(k_in, ours[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["sam2_video", "sam3_tracker_video"])
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("frames, excluded", [
+    (1, 4),  # object pointers passed through
+    (3, 0),  # a memory of 3 frames, the angles repeated over them
+    (3, 4),  # both, as the memory attention's cross-attention calls it
+    (0, 5),  # every key passed through: q alone
+])
+def test_sam_2d_memory_attention(family, dtype, heads, frames, excluded, seed, monkeypatch):
+    """SAM 2 Video's memory attention (``num_k_exclude_rope``: k's last tokens not rotated;
+    ``repeat_freqs_k``: k's rotated tokens the frames of a memory, each frame at q's angles)
+    against transformers' function in float64 and in the dtype and the float64 formula: k's
+    passed tokens bit for bit. One launch, the frames viewed as heads of k (its one head, as
+    SAM 2 Video's); two (q, then k on repeated angles) where k's strides allow no such view
+    (several heads of a transposed projection). In place the same bits and launches, k's passed
+    tokens neither read nor written."""
+    launched = 2 if heads > 1 and frames > 1 else 1
+    theirs = _modeling(family).apply_rotary_pos_emb_2d
+    q, k, cos, sin = _sam_inputs(dtype, seed, k_tokens=frames * 6 + excluded, heads=heads)
+    kw = dict(num_k_exclude_rope=excluded, repeat_freqs_k=True)
+    launches = _count_launches(monkeypatch)
+    ours = SAM_2D(q, k, cos, sin, **kw)
+    assert len(launches) == launched
+    exact = theirs(q.double(), k.double(), cos.double(), sin.double(), **kw)
+    in_dtype = theirs(q, k, cos, sin, **kw)
+    for name, o, e, r, ref in zip("qk", ours, exact, in_dtype,
+                                  _sam_reference(q, k, cos, sin, excluded)):
+        assert o.dtype == dtype and o.shape == e.shape, name
+        assert_rope_close(o, e, dtype, f"{name} against theirs in float64")
+        assert_rope_close(o, ref, dtype, f"{name} against the formula")
+        torch.testing.assert_close(o, r, rtol=_SAM_TOL[dtype], atol=_SAM_TOL[dtype])
+    passed = k.shape[2] - excluded
+    assert torch.equal(ours[1][:, :, passed:], k[:, :, passed:])
+    # in place: k's passed tokens NaN, so that reading them would show
+    q_in, k_in = q.clone(), k.clone()
+    k_in[:, :, passed:] = float("nan")
+    launches.clear()
+    got = SAM_2D_INPLACE(q_in, k_in, cos, sin, **kw)
+    assert got[0] is q_in and got[1] is k_in and len(launches) == launched
+    assert torch.equal(q_in, ours[0]) and torch.equal(k_in[:, :, :passed], ours[1][:, :, :passed])
+    assert k_in[:, :, passed:].isnan().all()
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("frames, excluded", [(1, 0), (3, 4)])
+def test_sam_2d_gradient(frames, excluded, heads, seed):
+    """The gradient with respect to q and k against autograd through transformers' SAM 2 Video
+    function in float64: SAM 3's call and the memory attention's (the passed tokens' gradient
+    the incoming one)."""
+    theirs = _modeling("sam2_video").apply_rotary_pos_emb_2d
+    q, k, cos, sin = _sam_inputs(torch.float32, seed, k_tokens=frames * 6 + excluded,
+                                 heads=heads)
+    kw = dict(num_k_exclude_rope=excluded, repeat_freqs_k=True)
+    ours = [x.clone().requires_grad_(True) for x in (q, k)]
+    ref = [x.double().requires_grad_(True) for x in (q, k)]
+    weights = [randn(x.shape, torch.float32, seed + 5 + i) for i, x in enumerate((q, k))]
+    sum((o * w).sum() for o, w in zip(SAM_2D(*ours, cos, sin, **kw), weights)).backward()
+    sum((o * w.double()).sum() for o, w in zip(theirs(*ref, cos.double(), sin.double(), **kw),
+                                               weights)).backward()
+    for name, o, r in zip("qk", ours, ref):
+        assert_rope_close(o.grad, r.grad, torch.float32, f"d{name}")
+
+
+def test_sam_2d_bad_input(seed):
+    """Each bad argument named, with what was expected and what was given."""
+    q, k, cos, sin = _sam_inputs(torch.float32, seed)
+    cases = [
+        (dict(num_k_exclude_rope=-1), ValueError, r"num_k_exclude_rope must be in \[0, 6\]"),
+        (dict(num_k_exclude_rope=7), ValueError, r"num_k_exclude_rope must be in \[0, 6\]"),
+        (dict(num_k_exclude_rope=True), TypeError, "num_k_exclude_rope must be an int"),
+        (dict(k=randn((2, 3, 12, 16), torch.float32, seed)), ValueError,
+         r"k's rotated tokens \(12 less num_k_exclude_rope = 0: 12\) must be q's 6, or, with "
+         r"repeat_freqs_k=True, a multiple"),
+        (dict(k=randn((2, 3, 10, 16), torch.float32, seed), repeat_freqs_k=True), ValueError,
+         "a multiple of them"),
+        (dict(cos=cos.expand(2, 6, 16), sin=sin.expand(2, 6, 16)), ValueError,
+         r"cos and sin must have one shape, \[1, tokens, head_dim\]"),
+        (dict(cos=cos[..., :8], sin=sin[..., :8]), ValueError, "covering the whole head"),
+        (dict(q=q[0]), ValueError, "q and k must be 4-D"),
+        (dict(k=k[:, :2]), ValueError, "k must match q in batch, heads and head_dim"),
+        (dict(cos=cos.tolist()), TypeError, "cos must be a torch.Tensor"),
+    ]
+    for changes, exc, words in cases:
+        args = {**dict(q=q, k=k, cos=cos, sin=sin), **changes}
+        for fn in (SAM_2D, SAM_2D_INPLACE):
+            with pytest.raises(exc, match=words):
+                fn(**{n: (v.clone() if isinstance(v, torch.Tensor) and n in "qk" else v)
+                      for n, v in args.items()})
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb_2d_inplace cannot rotate q and "
+                                         "k that require grad"):
+        SAM_2D_INPLACE(q.clone().requires_grad_(True), k.clone(), cos, sin)
+    k_long = randn((2, 3, 14, 16), torch.float32, seed)
+    q_in = q.clone()
+    with pytest.raises(ValueError, match="cannot rotate q and k that require grad"):
+        SAM_2D_INPLACE(q_in, k_long.requires_grad_(True), cos, sin, num_k_exclude_rope=2,
+                       repeat_freqs_k=True)
+    assert torch.equal(q_in, q)  # refused before anything was written
+
+
+def test_only_ours_computes_sams_and_only_for_its_name(seed):
+    """``patch`` tries the SAM function for ``apply_rotary_pos_emb_2d`` alone, and it computes
+    SAM 3's and the memory attention's calls; for the other names it is not tried (on cos of
+    one batch row it computes what Cohere's function computes)."""
+    q, k, cos, sin = _sam_inputs(torch.float32, seed, k_tokens=16)
+    assert rope_kernels.hf._candidates("apply_rotary_pos_emb_2d") == [SAM_2D]
+    assert SAM_2D not in rope_kernels.hf._candidates("apply_rotary_pos_emb")
+    theirs = _modeling("sam2_video").apply_rotary_pos_emb_2d
+    kw = dict(num_k_exclude_rope=4, repeat_freqs_k=True)
+    distances = rope_kernels.hf._distances(theirs, (q, k, cos, sin), kw,
+                                           "apply_rotary_pos_emb_2d")
+    assert list(distances) == [SAM_2D] and distances[SAM_2D] < 1e-6
+    cohere = rope_kernels.hf.apply_rotary_pos_emb_interleaved
+    same = rope_kernels.hf._distances(_modeling("sam3").apply_rotary_pos_emb_2d,
+                                      (q, k[:, :, :6], cos, sin), {}, "apply_rotary_pos_emb")
+    assert same[cohere] < 1e-6  # (hence tried for its own name only)
+
+
+def test_tiny_sam3_vit_through_patch(seed):
+    """A tiny random SAM 3 ViT (a windowed and a global layer) patched: its call found, ours
+    assigned, the last hidden state as transformers' in fp32 and in place; unpatched after.
+    transformers' SAM 3 classes need torchvision: skipped where it is missing."""
+    pytest.importorskip("torchvision", reason="transformers' SAM 3 classes need torchvision")
+    module = _modeling("sam3")
+    config = transformers.models.sam3.configuration_sam3.Sam3ViTConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        image_size=56, patch_size=14, window_size=2, global_attn_indexes=[1],
+        pretrain_image_size=56)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = module.Sam3ViTModel(config).to(DEVICE).eval()
+    pixels = randn((1, 3, 56, 56), torch.float32, seed)
+    with torch.no_grad():
+        want = model(pixel_values=pixels).last_hidden_state
+    for inplace in (False, True):
+        chosen = rope_kernels.hf.patch(model, inplace=inplace,
+                                       example_inputs={"pixel_values": pixels})
+        try:
+            assert [(p.module, p.name) for p in chosen] == [(module, "apply_rotary_pos_emb_2d")]
+            assert chosen[0].ours is (SAM_2D_INPLACE if inplace else SAM_2D)
+            with torch.no_grad():
+                got = model(pixel_values=pixels).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        finally:
+            assert rope_kernels.hf.unpatch(model) == [module]
+    assert module.apply_rotary_pos_emb_2d is chosen[0].theirs
