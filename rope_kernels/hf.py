@@ -671,10 +671,10 @@ def _frames_as_heads(x, frames, tokens):
     if frames == 1:
         return x
     b, h, _, d = x.shape
-    try:
-        return x.view(b, h * frames, tokens, d)
-    except RuntimeError:
+    # heads and frames make one axis where a head's stride is the frames' (tokens rows each)
+    if h > 1 and x.stride(1) != frames * tokens * x.stride(2):
         return None
+    return x.view(b, h * frames, tokens, d)
 
 
 def apply_rotary_emb_llama4(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor):
