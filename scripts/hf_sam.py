@@ -16,7 +16,10 @@ float32 (the axial rotary module's, channels 2j and 2j+1 at one angle), bf16:
   (``num_k_exclude_rope``): q and k apart, the angles repeated, k's passed tokens concatenated
   as transformers' function does.
 
-Rows, each timed with ``bench.time_ms`` (do_bench median, L2 flushed) in shuffled rounds:
+Rows, each timed with ``bench.time_ms`` (do_bench median, L2 flushed) in shuffled rounds, and
+again with ``bench.time_ms_host_ahead`` (the same with the GPU kept busy after each flush, so
+that a Python launch longer than the flush is not timed: ``host_ahead_us``); ours also back to
+back (``us_per_call``, ``bench.time_per_call_us``: the larger of the launch and the GPU time):
 ``ours``, ``ours in place`` (q and k's rotated tokens written where they lie), ``transformers``
 (the modeling module's function, eager) and ``copy_same`` (a copy of the bytes ``ours`` moves).
 Bytes: q and k read and the results written once (in place: k's rotated tokens only), plus cos
@@ -86,12 +89,23 @@ def measure(name: str, rounds: int, copy_gbps: float) -> list[dict]:
         "transformers": (lambda: theirs(q, k, cos, sin, **kw), moved),
         "copy_same": (lambda: dst.copy_(src), moved),
     }
+    fns = {n: fn for n, (fn, _) in calls.items()}
     with torch.no_grad():
-        times = bench.shuffled_times({n: fn for n, (fn, _) in calls.items()}, rounds)
-    return [dict(shape=name, batch=batch, heads=heads, head_dim=head_dim, tokens=tokens,
-                 k_tokens=frames * tokens + passed, call=call,
-                 **timing_fields(times[call], nbytes, copy_gbps))
-            for call, (_, nbytes) in calls.items()]
+        times = bench.shuffled_times(fns, rounds)
+        ahead = bench.shuffled_times(fns, rounds, timer=bench.time_ms_host_ahead)
+        per_call = {n: bench.time_per_call_us(fns[n], calls=200)
+                    for n in ("ours", "ours in place")}
+    rows = []
+    for call, (_, nbytes) in calls.items():
+        row = dict(shape=name, batch=batch, heads=heads, head_dim=head_dim, tokens=tokens,
+                   k_tokens=frames * tokens + passed, call=call,
+                   **timing_fields(times[call], nbytes, copy_gbps))
+        host = timing_fields(ahead[call], nbytes, copy_gbps)
+        row.update(host_ahead_us=host["time_us"], host_ahead_of_copy=host["of_copy"])
+        if call in per_call:
+            row["us_per_call"] = per_call[call]
+        rows.append(row)
+    return rows
 
 
 def main(argv=None) -> None:
@@ -105,7 +119,10 @@ def main(argv=None) -> None:
         new = measure(name, args.rounds, copy_gbps)
         for r in new:
             print(f"{name:18s} {r['call']:14s} {r['mbytes']:8.1f} MB {r['time_us']:8.1f} us "
-                  f"{r['of_copy']:.3f}", flush=True)
+                  f"{r['of_copy']:.3f}; host ahead {r['host_ahead_us']:8.1f} us "
+                  f"{r['host_ahead_of_copy']:.3f}"
+                  + (f"; back to back {r['us_per_call']:.1f} us" if "us_per_call" in r else ""),
+                  flush=True)
         rows += new
     write_record(args.out, copy_gbps, "hf_sam", argv, args.rounds,
                  "q and k read and the results written once (in place: k's rotated tokens "
