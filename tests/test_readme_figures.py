@@ -1133,3 +1133,53 @@ def test_hf_deepseek_v4_recordings_are_quoted_as_recorded():
     assert (f"{decode[one, 'ours']:.1f} us (transformers' function "
             f"{decode[one, 'transformers']:.1f}), in place {decode[one, 'ours in place']:.1f}, "
             f"4 tokens in place {decode[four, 'ours in place']:.1f}") in recorded
+
+
+def test_hf_sam_recording_is_quoted_as_recorded():
+    """figures/hf_sam_h200.json (scripts/hf_sam.py): the SAM family's function at SAM 3's ViT
+    (windows, global) and SAM 2 Video's memory attention. The notes' table (every fraction and
+    time), the ranges and ratios in the notes, and the README's and recorded_results' figures."""
+    run = json.loads((FIGURES / "hf_sam_h200.json").read_text())
+    assert run["provenance"]["source_commit"] == "caa950e"
+    by = {(r["shape"], r["call"]): r for r in run["rows"]}
+    labels = {"sam3 vit window": ("SAM 3 ViT, windows", "576 / 576"),
+              "sam3 vit global": ("SAM 3 ViT, global", "5184 / 5184"),
+              "sam2 video memory": ("SAM 2 Video memory", "4096 / 28736")}
+    for shape, (label, tokens) in labels.items():
+        o, ip = by[shape, "ours"], by[shape, "ours in place"]
+        assert (o["tokens"], o["k_tokens"]) == tuple(map(int, tokens.split(" / ")))
+        cells = [label, f"{o['batch']} x {o['heads']} x {o['head_dim']}", tokens,
+                 f"{o['mbytes']:.0f}", f"{o['of_copy']:.3f} ({o['time_us']:.1f} us)",
+                 f"{o['host_ahead_of_copy']:.3f}", f"{o['us_per_call']:.1f} us",
+                 f"{ip['of_copy']:.3f} ({ip['time_us']:.1f} us)",
+                 f"{by[shape, 'copy_same']['of_copy']:.3f}",
+                 f"{by[shape, 'transformers']['of_copy']:.3f}"]
+        assert "| " + " | ".join(cells) + " |" in NOTES, shape
+    notes = " ".join(NOTES.split())
+    vit = [s for s in labels if s.startswith("sam3")]
+    frac = {key: r["of_copy"] for key, r in by.items()}
+    ours_vit = [frac[s, c] for s in vit for c in ("ours", "ours in place")]
+    copy_vit = [frac[s, "copy_same"] for s in vit]
+    speed = {s: by[s, "transformers"]["time_us"] / by[s, "ours"]["time_us"] for s in labels}
+    assert (f"SAM 3's ViT: {_span(ours_vit)} of copy out of place and in place, where a copy of "
+            f"the same bytes reaches {_span(copy_vit)}; {min(speed[s] for s in vit):.1f}-"
+            f"{max(speed[s] for s in vit):.1f} times the speed") in notes
+    mem = "sam2 video memory"
+    assert (f"SAM 2 Video's memory attention: {frac[mem, 'ours']:.3f} out of place, "
+            f"{frac[mem, 'ours in place']:.3f} in place (a copy {frac[mem, 'copy_same']:.3f}); "
+            f"{speed[mem]:.1f} times") in notes
+    assert (f"and {by[mem, 'ours']['time_us']:.1f} us in the recorded run, whose host-ahead "
+            f"timing ({by[mem, 'ours']['host_ahead_us']:.1f} us)") in notes
+    window, glob = (f"{frac[s, 'ours']:.3f}" for s in vit)
+    same = " / ".join(f"{frac[s, 'copy_same']:.3f}" for s in vit)
+    theirs = [frac[s, "transformers"] for s in labels]
+    readme = " ".join(README.split())
+    assert f"it runs at {window} / {glob} of copy at SAM 3's ViT" in readme
+    assert (f"a copy of the same bytes {same}; transformers' own function "
+            f"{frac[vit[0], 'transformers']:.3f})") in readme
+    assert (f"at {frac[mem, 'ours']:.3f} (in place {frac[mem, 'ours in place']:.3f}) at SAM 2 "
+            f"Video's memory attention") in readme
+    recorded = " ".join(RECORDED.split())
+    assert f"{window} / {glob} of copy at SAM 3's ViT" in recorded
+    assert (f"{frac[mem, 'ours']:.3f}, in place {frac[mem, 'ours in place']:.3f} (a copy "
+            f"{frac[mem, 'copy_same']:.3f}); transformers' own function {_span(theirs)}") in recorded
