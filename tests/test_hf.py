@@ -1246,7 +1246,7 @@ def test_only_ours_computes_deepseek_v4s(seed):
         x = randn((1, 4, 8, 16), torch.float32, seed)
         cos, sin = (randn((1, 8, rope_channels // 2), torch.float32, seed + i) for i in (1, 2))
         distances = rope_kernels.hf._distances(theirs, (x, cos, sin), {})
-        assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) - 1 == 14  # (not the vision)
+        assert len(distances) == len(rope_kernels.hf._IN_PLACE_OF) - 2 == 14  # (not their own names)
         assert distances.pop(V4) < 1e-6
         assert all(isinstance(d, str) or d > 0.1 for d in distances.values()), distances
 
