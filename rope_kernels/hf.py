@@ -588,9 +588,10 @@ def apply_rotary_pos_emb_2d(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
     Returns:
         New ``(q_embed, k_embed)`` of q's and k's shapes and dtype, computed in float32 as
-        transformers' function computes, laid out like q and k (SAM 3's ViT, SAM 2 Video's
-        self-attention) or, where k has tokens passed through or frames, ``k_embed``
-        contiguous, as transformers' ``torch.cat`` returns it. One launch for q and k: k's
+        transformers' function computes (laid out like q and k; in an eager call that records
+        no gradient, with k's tokens passed through or its frames, ``k_embed`` contiguous as
+        transformers' ``torch.cat`` returns it; the values are the same either way). One launch
+        for q and k: k's
         frames are viewed as heads of their own (k ``[b, h * frames, s, d]``, so that cos's rows
         cover each frame), which k's strides allow for one head (SAM 2 Video's memory
         attention) or a contiguous k; where they do not (several heads of a transposed
@@ -613,7 +614,7 @@ def _apply_2d(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, in_place):
     """The SAM functions' body: Cohere's pairs (``"interleaved"``), heads on axis 1."""
     name = "apply_rotary_pos_emb_2d" + ("_inplace" if in_place else "")
     in_place_name = name if in_place else None
-    if (num_k_exclude_rope == 0 and type(num_k_exclude_rope) is int and type(q) is _Tensor
+    if (type(num_k_exclude_rope) is int and num_k_exclude_rope == 0 and type(q) is _Tensor
             and type(k) is _Tensor and type(cos) is _Tensor and q.dim() == k.dim() == 4
             and k.shape[2] == q.shape[2] and cos.shape[-1] == q.shape[3]
             and (cos.dim() == 2 or cos.dim() == 3 and cos.shape[0] == 1)):
