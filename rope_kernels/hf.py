@@ -591,12 +591,11 @@ def apply_rotary_pos_emb_2d(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         transformers' function computes (laid out like q and k; in an eager call that records
         no gradient, with k's tokens passed through or its frames, ``k_embed`` contiguous as
         transformers' ``torch.cat`` returns it; the values are the same either way). One launch
-        for q and k: k's
-        frames are viewed as heads of their own (k ``[b, h * frames, s, d]``, so that cos's rows
-        cover each frame), which k's strides allow for one head (SAM 2 Video's memory
-        attention) or a contiguous k; where they do not (several heads of a transposed
-        projection), two, q and then k on cos and sin repeated. Differentiable with respect to
-        q and k.
+        for q and k: k's frames are viewed as heads of their own (k ``[b, h * frames, s, d]``,
+        so that cos's rows cover each frame), which k's strides allow for one head (SAM 2
+        Video's memory attention) or a contiguous k; where they do not (several heads of a
+        transposed projection), two, q and then k on cos and sin repeated. Differentiable with
+        respect to q and k.
     """
     return _apply_2d(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, False)
 
