@@ -646,12 +646,12 @@ def _apply_2d(q, k, cos, sin, num_k_exclude_rope, repeat_freqs_k, in_place):
         if not (torch.compiler.is_compiling() or _api._needs_grad(q, k)):
             # Eager inference: k's rotated tokens written straight into the concatenated result
             # (as transformers' torch.cat lays it out), the passed ones copied beside them.
-            q_embed = torch.empty_like(q)
             k_embed = torch.empty(k.shape, dtype=k.dtype, device=k.device)
             k_out = _frames_as_heads(k_embed.narrow(2, 0, rotated), frames, tokens)
             if k_out is not None:
                 validate_hf_args(q, k_heads, cos, sin, 1, "interleaved")
                 _refuse_angle_gradients(cos, sin)
+                q_embed = torch.empty_like(q)
                 _qk.rope_cos_sin(q, k_heads, cos, sin, 1, pairs="interleaved", q_out=q_embed,
                                  k_out=k_out)
                 k_embed.narrow(2, rotated, num_k_exclude_rope).copy_(k_pass)
