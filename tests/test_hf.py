@@ -234,10 +234,17 @@ def test_other_families_match_transformers(dtype, family, unsqueeze_dim, seed):
         assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
 
 
-def test_one_launch_and_gradient(seed, monkeypatch):
+def _count_launches(monkeypatch):
+    """The launches of rope_qk from here on (the shortcut's set aside: none of its entries)."""
+    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())
     launches = []
-    real = rope_qk.launch
-    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real(*a))
+    real_launch = rope_qk.launch
+    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
+    return launches
+
+
+def test_one_launch_and_gradient(seed, monkeypatch):
+    launches = _count_launches(monkeypatch)
     module = modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=16))
     cos, sin = _cos_sin(module, 2, 6, torch.float32, seed)
     q = randn((2, 6, 4, 16), torch.float32, seed).transpose(1, 2).requires_grad_(True)
@@ -2259,15 +2266,6 @@ def _sam_reference(q, k, cos, sin, num_k_exclude_rope=0):
     k_rot = hf_reference(k[:, :, :rotated], k_cos, k_sin, 1, "interleaved")
     return (hf_reference(q, cos, sin, 1, "interleaved"),
             torch.cat((k_rot, k[:, :, rotated:].double()), 2))
-
-
-def _count_launches(monkeypatch):
-    """The launches of rope_qk from here on (the shortcut's set aside: none of its entries)."""
-    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())
-    launches = []
-    real_launch = rope_qk.launch
-    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
-    return launches
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
