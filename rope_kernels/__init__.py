@@ -6,6 +6,7 @@
     q, k, v = apply_fused_qkv_rotary_pos_emb(qkv, freqs, freqs, [4 * d, d, d])  # TE, fused QKV
     q, k = apply_rope_with_cos_sin_cache(positions, q, k, d, cos_sin_cache)  # FlashInfer / vLLM
     q, k = rope_kernels.hf.apply_rotary_pos_emb(q, k, cos, sin)               # transformers
+    q, k = rope_kernels.flashinfer.apply_rope_pos_ids(q, k, pos_ids)  # FlashInfer, angles in-kernel
 
 Without a GPU, importing this package turns on Triton's interpreter (unless TRITON_INTERPRET is
 already set), so the same kernels run on CPU tensors; ``MODE`` says which mode is active.
@@ -26,7 +27,7 @@ if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
                        stacklevel=2)
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from . import _launch, hf, rope_qk  # noqa: E402
+from . import _launch, flashinfer, hf, rope_qk  # noqa: E402
 from . import rope_2d as _rope_2d_module  # noqa: E402
 from .api import (  # noqa: E402
     RoPEFunction,
@@ -54,6 +55,7 @@ __all__ = [
     "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
     "apply_rotary_pos_emb",
+    "flashinfer",
     "hf",
     "rope_1d",
     "rope_2d",

@@ -171,6 +171,67 @@ def _(positions, query, key, head_size, cos_sin_cache, is_neox):
     return None
 
 
+# --- FlashInfer: apply_rope_pos_ids / apply_llama31_rope_pos_ids (and apply_rope's) ----------
+# ``llama31``: [low_freq_factor, high_freq_factor, old_context_len], or None for plain RoPE.
+def _inv_freq(q, rotary_dim, rope_scale, rope_theta, llama31):
+    # (A table made here is not kept: under Inductor's CUDA graphs it is made in their pool.)
+    return _qk.inv_freq_table(rotary_dim, rope_scale, rope_theta, q.device,
+                              tuple(llama31) if llama31 is not None else None, keep=False)
+
+
+@torch.library.custom_op("rope_kernels::rope_pos_ids", mutates_args=())
+def rope_pos_ids(positions: Tensor, q: Tensor, k: Tensor, rotary_dim: int, interleave: bool,
+                 rope_scale: float, rope_theta: float, llama31: Optional[List[float]],
+                 backward: bool) -> Tuple[Tensor, Tensor]:
+    return _qk.rope_pos_ids(positions, q, k, _inv_freq(q, rotary_dim, rope_scale, rope_theta,
+                                                       llama31), interleave, backward=backward)
+
+
+@rope_pos_ids.register_fake
+def _(positions, q, k, rotary_dim, interleave, rope_scale, rope_theta, llama31, backward):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _pos_ids_setup(ctx, inputs, output):
+    positions, q, k, *args = inputs
+    ctx.save_for_backward(positions)
+    ctx.args = args
+
+
+def _pos_ids_backward(ctx, q_grad, k_grad):
+    (positions,) = ctx.saved_tensors
+    rotary_dim, interleave, rope_scale, rope_theta, llama31, bwd = ctx.args
+    gq, gk = rope_pos_ids(positions, q_grad, k_grad, rotary_dim, interleave, rope_scale,
+                          rope_theta, llama31, not bwd)
+    return (None, gq, gk) + (None,) * 6
+
+
+rope_pos_ids.register_autograd(_pos_ids_backward, setup_context=_pos_ids_setup)
+
+
+@torch.library.custom_op("rope_kernels::rope_pos_ids_", mutates_args=("q", "k"))
+def rope_pos_ids_(positions: Tensor, q: Tensor, k: Tensor, rotary_dim: int, interleave: bool,
+                  rope_scale: float, rope_theta: float, llama31: Optional[List[float]]) -> None:
+    _qk.rope_pos_ids(positions, q, k, _inv_freq(q, rotary_dim, rope_scale, rope_theta, llama31),
+                     interleave, q_out=q, k_out=k)
+
+
+@rope_pos_ids_.register_fake
+def _(positions, q, k, rotary_dim, interleave, rope_scale, rope_theta, llama31):
+    return None
+
+
+@torch.library.custom_op("rope_kernels::ragged_positions", mutates_args=())
+def ragged_positions(indptr: Tensor, offsets: Tensor, num_tokens: int) -> Tensor:
+    return _qk.ragged_positions(indptr, offsets, num_tokens)
+
+
+@ragged_positions.register_fake
+def _(indptr, offsets, num_tokens):
+    either64 = torch.int64 in (indptr.dtype, offsets.dtype)
+    return indptr.new_empty(num_tokens, dtype=torch.int64 if either64 else torch.int32)
+
+
 # --- Hugging Face: apply_rotary_pos_emb(q, k, cos, sin) ----------------------------------------
 @torch.library.custom_op("rope_kernels::rope_cos_sin", mutates_args=())
 def rope_cos_sin(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, heads_axis: int,

@@ -8,6 +8,7 @@ with the GPU; ``check_values=False`` skips those (and only those).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -23,7 +24,8 @@ def _describe(x) -> str:
     return f"{type(x).__name__} {x!r}"
 
 
-def _int_vector(name: str, x, length: Optional[int], device: torch.device, what: str) -> None:
+def _int_vector(name: str, x, length: Optional[int], device: torch.device, what: str,
+                other: str = "t") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor ({what}), got {_describe(x)}")
     if x.dtype not in _INT_DTYPES:
@@ -32,7 +34,8 @@ def _int_vector(name: str, x, length: Optional[int], device: torch.device, what:
         want = f"[{length}]" if length is not None else "1-D"
         raise ValueError(f"{name} must have shape {want} ({what}), got {tuple(x.shape)}")
     if x.device != device:
-        raise ValueError(f"{name} must be on the same device as t ({device}), got {x.device}")
+        raise ValueError(f"{name} must be on the same device as {other} ({device}), got "
+                         f"{x.device}")
 
 
 _VALIDATED: set = set()  # call signatures whose metadata passed (bounded: cleared past 4096)
@@ -371,6 +374,87 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
     if rotary_dim > head_size:
         raise ValueError(f"cos_sin_cache.shape[1] (rotary_dim = {rotary_dim}) must be <= head_size "
                          f"({head_size})")
+
+
+def validate_pos_ids_args(function, q, k, positions_name, positions, rotary_dim, interleave,
+                          rope_scale, rope_theta, llama31=None, indptr=None) -> None:
+    """FlashInfer's apply_rope_pos_ids and apply_rope families (``rope_kernels.flashinfer``),
+    once per call signature. ``positions``: pos_ids [nnz], or (with ``indptr``) apply_rope's
+    offsets [batch], ``indptr`` [batch + 1]; ``llama31``: (low_freq_factor, high_freq_factor,
+    old_context_len) or None. Values of device tensors are not read here (``validate_indptr``)."""
+    sig = None
+    numbers = (rotary_dim, interleave, rope_scale, rope_theta, llama31)
+    if all(isinstance(x, torch.Tensor) for x in (q, k, positions)):
+        sig = ("pos_ids", function, _meta(q), _meta(k), _meta(positions), _meta(indptr),
+               *numbers, *(type(x) for x in numbers),
+               tuple(type(x) for x in llama31) if isinstance(llama31, tuple) else None)
+    _remembered(sig, lambda: _validate_pos_ids_meta(function, q, k, positions_name, positions,
+                                                    rotary_dim, interleave, rope_scale,
+                                                    rope_theta, llama31, indptr))
+
+
+def _real(function: str, name: str, x, positive: bool = True) -> None:
+    """A finite real number (int or float, not bool), > 0 where ``positive``."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{function}: {name} must be a number (int or float), got {_describe(x)}")
+    if not math.isfinite(x) or (positive and x <= 0):
+        raise ValueError(f"{function}: {name} must be a finite number"
+                         f"{' > 0' if positive else ''}, got {x!r}")
+
+
+def _validate_pos_ids_meta(function, q, k, positions_name, positions, rotary_dim, interleave,
+                           rope_scale, rope_theta, llama31, indptr) -> None:
+    _tensor("q", q, "[nnz, num_q_heads, head_dim]")
+    _tensor("k", k, "[nnz, num_k_heads, head_dim]")
+    for name, x in (("q", q), ("k", k)):
+        _kernel_dtype(name, x)
+        if x.dim() != 3:
+            raise ValueError(f"{function}: {name} must be 3-D [nnz, num_heads, head_dim], got "
+                             f"shape {tuple(x.shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype ({q.dtype}), got {k.dtype}")
+    _same_device("k", k, q.device)
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k must have q's tokens and head_dim ([{q.shape[0]}, num_k_heads, "
+                         f"{q.shape[2]}]), got shape {tuple(k.shape)}")
+    nnz, head_dim = q.shape[0], q.shape[2]
+    if indptr is None:
+        _int_vector(positions_name, positions, nnz, q.device, "one position per token", "q")
+    else:
+        _int_vector(positions_name, positions, None, q.device, "[batch_size]", "q")
+        _int_vector("indptr", indptr, positions.shape[0] + 1, q.device,
+                    f"[batch_size + 1], batch_size = {positions_name}.shape[0]", "q")
+    if rotary_dim is not None and (isinstance(rotary_dim, bool)
+                                   or not isinstance(rotary_dim, int)):
+        raise TypeError(f"{function}: rotary_dim must be an int or None, got "
+                        f"{_describe(rotary_dim)}")
+    rotary = head_dim if rotary_dim is None else rotary_dim
+    if rotary <= 0 or rotary % 2 or rotary > head_dim:
+        raise ValueError(f"{function}: rotary_dim must be even, positive and <= head_dim "
+                         f"({head_dim}), got {rotary}"
+                         f"{' (None: head_dim)' if rotary_dim is None else ''}")
+    if not isinstance(interleave, bool):
+        raise TypeError(f"{function}: interleave must be a bool, got {_describe(interleave)}")
+    _real(function, "rope_scale", rope_scale)
+    _real(function, "rope_theta", rope_theta)
+    if llama31 is not None:
+        low, high, old_context_len = llama31
+        _real(function, "low_freq_factor", low)
+        _real(function, "high_freq_factor", high)
+        _real(function, "old_context_len", old_context_len)
+        if high <= low:
+            raise ValueError(f"{function}: high_freq_factor must be > low_freq_factor (the "
+                             f"smoothing divides by their difference), got {high!r} and {low!r}")
+
+
+def validate_indptr(indptr, num_tokens: int) -> None:
+    """apply_rope's indptr values (a copy to the host): from 0 to the token count,
+    non-decreasing."""
+    ptr = indptr.tolist()
+    if ptr[0] != 0 or ptr[-1] != num_tokens or any(b < a for a, b in zip(ptr[:-1], ptr[1:])):
+        shown = ptr if len(ptr) <= 16 else f"{ptr[:8]} ... {ptr[-8:]}"
+        raise ValueError(f"indptr must run non-decreasing from 0 to nnz = {num_tokens} (q's "
+                         f"tokens), got {shown}")
 
 
 def validate_hf_args(q, k, cos, sin, unsqueeze_dim, pairs="half", one=None) -> None:

@@ -24,6 +24,8 @@ __all__ = [
     "rotate_half",
     "rope_reference",
     "freqs_on_cp_rank",
+    "cos_sin_cache_reference",
+    "pos_ids_reference",
 ]
 
 
@@ -233,3 +235,35 @@ def cos_sin_cache_reference(positions: torch.Tensor, x: torch.Tensor, head_size:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
     return torch.cat((rot, rest), dim=-1).reshape(n, -1)
+
+
+def pos_ids_reference(positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.Tensor,
+                      interleave: bool = False) -> torch.Tensor:
+    """FlashInfer's ``apply_rope_pos_ids`` for one of q or k, in float64.
+
+    Args:
+        positions: int ``[nnz]``, each token's position.
+        x: ``[nnz, heads, head_dim]`` (q or k).
+        inv_freq: float32 ``[rotary_dim / 2]``, each pair's frequency
+            (``rope_qk.inv_freq_table``).
+        interleave: pairs (2j, 2j + 1); False: (j, j + rotary_dim / 2).
+
+    The angle of pair j is ``float32(position) * inv_freq[j]`` rounded to float32, as FlashInfer's
+    kernel and transformers' rotary modules form it: that product is the definition the
+    functions implement (at position 1e5 its rounding alone is up to 4e-3 rad, far above any
+    error of the kernels' cos and sin). Its cos and sin, and the rotation, are float64.
+
+    Returns x rotated, float64 ``[nnz, heads, head_dim]``; the channels past rotary_dim as they
+    were. Performs no input validation."""
+    angles = (positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :])
+    cos, sin = angles.double().cos()[:, None], angles.double().sin()[:, None]  # [nnz, 1, R/2]
+    rotary_dim = 2 * inv_freq.shape[0]
+    x = x.double()
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if interleave:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    else:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((rot, rest), dim=-1)

@@ -27,6 +27,10 @@ Where each token's angles come from (``ANGLES``):
                  OpenAI's privacy filter's for interleaved pairs.
     4 "cos_sin_neg"  as 2, with sin negated: a rotation by -theta (NanoChat's ``rotate_half`` has
                  the opposite sign of Llama's).
+    5 "inv_freq"  FlashInfer's ``apply_rope_pos_ids``: no table of rows, only each pair's
+                 frequency, inv_freq [rotary_dim / 2] float32; pair j's angle is
+                 ``float32(positions[token]) * inv_freq[j]`` (a float32 product, as FlashInfer's
+                 kernel and transformers' rotary modules form it), its cos/sin computed here.
 
 Pairs are half-split (j, j + rotary_dim/2) or interleaved (2j, 2j+1). Interleaved pairs are read
 and written as one 32-bit word each (64-bit in float32) where every row of q and k starts at an
@@ -49,6 +53,7 @@ On a machine without a GPU set ``TRITON_INTERPRET=1`` before importing this file
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Optional, Sequence
@@ -60,7 +65,8 @@ import triton.language as tl
 # Triton reads TRITON_INTERPRET when @triton.jit runs, i.e. when this module is imported.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2, "cos_sin_half": 3, "cos_sin_neg": 4}
+ANGLES = {"freqs": 0, "cache": 1, "cos_sin": 2, "cos_sin_half": 3, "cos_sin_neg": 4,
+          "inv_freq": 5}
 
 
 @triton.jit
@@ -132,7 +138,18 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         sj_mask = s_mask[:, None] & j_mask[None, :]
         row = t_row[:, None]
-        if ANGLES == 1 or ANGLES == 3:
+        if ANGLES == 5:
+            # t_row is the position itself: pair j's angle is position * inv_freq[j], in float32.
+            inv_freq = _table_row(table_ptr + j * t_stride_d, j_mask)
+            f = row.to(tl.float32) * inv_freq[None, :]
+            if FAST_TRIG:
+                cos1, sin1 = _fast_sincos(f)
+            else:
+                cos1 = tl.cos(f)
+                sin1 = tl.sin(f)
+            cos2 = cos1
+            sin2 = sin1
+        elif ANGLES == 1 or ANGLES == 3:
             # One cos and one sin per pair, pair j's cos at entry j of the row. The cache's rows
             # are [cos_0 .. cos_{d2/2-1}, sin_0 .. sin_{d2/2-1}]; GLM's sines (ANGLES 3, any
             # float dtype) are a table of their own, pair j's at channel j.
@@ -208,7 +225,17 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     # level elsewhere and on 3.7.1 (probes, not recorded; docs/performance_notes.md: the same
     # instructions in another order, 64 registers against 66).
     s_ch = partner if BACKWARD else tl.where(rotated, c, partner)
-    if ANGLES == 1 or ANGLES == 3:
+    if ANGLES == 5:
+        # Pair j's angle, position * inv_freq[j] (t_row is the position), shared by its channels.
+        j = tl.where(first, c, c - half)
+        inv_freq = _table_row(table_ptr + j * t_stride_d, rotated)
+        f = row.to(tl.float32) * inv_freq[None, :]
+        if FAST_TRIG:
+            cos, sin = _fast_sincos(f)
+        else:
+            cos = tl.cos(f)
+            sin = tl.sin(f)
+    elif ANGLES == 1 or ANGLES == 3:
         # One entry per pair, pair j's cos at j, which a pair's two channels share: the cache's
         # rows (its sin at d2/2 + j) or GPT-OSS's cos and sin (its sin a table of its own).
         j = tl.where(first, c, c - half)
@@ -527,8 +554,9 @@ def _table_rows(positions_ptr, start_positions_ptr, s_idx, s_mask, pid_b, seq_le
                 ANGLES: tl.constexpr, HAS_POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
                 USE_CP: tl.constexpr, INT64: tl.constexpr):
     """Where each token's row starts in the angle table (or in cos and sin), [BLOCK_S]: from
-    ``positions`` (a load, on which the table's loads wait), or from the token's index."""
-    if ANGLES >= 2:
+    ``positions`` (a load, on which the table's loads wait), or from the token's index. (For
+    ``ANGLES`` 5 the stride is 1: the position itself.)"""
+    if ANGLES >= 2 and ANGLES <= 4:
         t_row = pid_b * t_stride_b + s_idx * t_stride_s
     else:
         if HAS_POSITIONS:
@@ -1869,8 +1897,8 @@ def _plan(q, k, v, *, device, dtype, angles, rotary_dim, has_positions, has_star
         INTERLEAVED=2 + deinterleave if deinterleave else 2 if words else int(bool(interleaved)),
         BACKWARD=bool(backward),
         # SFU cos/sin where the output's rounding hides their error (16-bit, NVIDIA, compiled).
-        FAST_TRIG=(angles == 0 and dtype != torch.float32 and on_gpu and not INTERPRETED
-                   and torch.version.hip is None),
+        FAST_TRIG=(angles in (ANGLES["freqs"], ANGLES["inv_freq"]) and dtype != torch.float32
+                   and on_gpu and not INTERPRETED and torch.version.hip is None),
         INT64=int64,
         BLOCK_S=cfg["block_s"],
         BLOCK_H=block_h,
@@ -1939,6 +1967,8 @@ def _tile_angles(angles: int, interleaved: bool) -> int:
     tables, whose accesses of q and k are the same (the tables half as wide, or the same)."""
     if (angles == ANGLES["cos_sin_half"] and not interleaved) or angles == ANGLES["cos_sin_neg"]:
         return ANGLES["cos_sin"]
+    if angles == ANGLES["inv_freq"]:  # the cache's accesses of q, k and positions, no rows
+        return ANGLES["cache"]
     return angles
 
 
@@ -2142,6 +2172,132 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
     _run(sig, make_plan, (query, query_out, key, key_out, query, query, cos_sin_cache,
                           cos_sin_cache, cos_sin_cache, positions, query))
     return query_out, key_out
+
+
+# FlashInfer's apply_rope_pos_ids family: angles from each token's position and a frequency per
+# pair, computed in the kernel (ANGLES 5), so no table of rows is read.
+_INV_FREQ: dict = {}
+
+
+def inv_freq_table(rotary_dim: int, rope_scale: float, rope_theta: float, device: torch.device,
+                   llama31: Optional[tuple] = None, create: bool = True, keep: bool = True):
+    """FlashInfer's frequency of each pair, float32 [rotary_dim // 2] on ``device``: pair j's
+    ``rope_theta ** (-2j / rotary_dim) / rope_scale`` (positions scaled down by ``rope_scale``).
+    ``llama31 = (low_freq_factor, high_freq_factor, old_context_len)``: Llama 3.1's, each pair's
+    frequency f blended as ``(1 - a) * f / rope_scale + a * f`` with
+    ``a = clamp(old_context_len * f / (2 pi (high - low)) - low / (high - low), 0, 1)``: pairs of
+    long wavelength scaled, short ones not, the ones between smoothed (FlashInfer's smooth_a and
+    smooth_b, transformers' rope_type "llama3").
+
+    Computed in float64 and rounded once, with device operations, so that a table first needed
+    inside CUDA-graph capture is filled when the graph replays. A table is kept (per device and
+    arguments, for the life of the process: a captured graph may read it) unless it was built
+    during capture, whose values exist only after a replay, or ``keep`` is False: the package's
+    torch.compile operators pass that, since Inductor's CUDA graphs warm up in a memory pool whose
+    blocks their replays reuse. ``create=False``: a table kept before, or None."""
+    key = (device, rotary_dim, float(rope_scale), float(rope_theta), llama31)
+    table = _INV_FREQ.get(key)
+    if table is not None or not create:
+        return table
+    j = torch.arange(rotary_dim // 2, dtype=torch.float64, device=device)
+    freq = torch.pow(float(rope_theta), j * (-2.0 / rotary_dim))
+    if llama31 is None:
+        freq = freq / float(rope_scale)
+    else:
+        low, high, old_context_len = (float(x) for x in llama31)
+        smooth = (freq * (old_context_len / (2 * math.pi * (high - low)))
+                  - low / (high - low)).clamp(0.0, 1.0)
+        freq = (1.0 - smooth) * (freq / float(rope_scale)) + smooth * freq
+    table = freq.to(torch.float32)
+    if keep and not (table.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _INV_FREQ[key] = table
+    return table
+
+
+@triton.jit
+def _ragged_positions_kernel(indptr_ptr, offsets_ptr, positions_ptr, num_tokens, batch, steps,
+                             BLOCK: tl.constexpr):
+    """positions[t] = offsets[b] + t - indptr[b] for the segment b holding token t: the largest b
+    with indptr[b] <= t (an empty segment's b equals the next one's start, and is passed over).
+    A binary search over indptr [batch + 1], ``steps`` = bits of ``batch``."""
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = t < num_tokens
+    lo = tl.zeros([BLOCK], dtype=tl.int32)
+    hi = tl.zeros([BLOCK], dtype=tl.int32) + (batch - 1)
+    for _ in range(steps):
+        mid = (lo + hi + 1) // 2
+        start = tl.load(indptr_ptr + mid, mask=mask, other=0)
+        inside = start <= t
+        lo = tl.where(inside, mid, lo)
+        hi = tl.where(inside, hi, mid - 1)
+    start = tl.load(indptr_ptr + lo, mask=mask, other=0)
+    offset = tl.load(offsets_ptr + lo, mask=mask, other=0)
+    tl.store(positions_ptr + t, (offset + t - start).to(positions_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def ragged_positions(indptr: torch.Tensor, offsets: torch.Tensor,
+                     num_tokens: int) -> torch.Tensor:
+    """Each token's position in FlashInfer's ragged batch (``apply_rope``'s): ``indptr``
+    [batch + 1] (segment b is tokens indptr[b] .. indptr[b+1] - 1), ``offsets`` [batch] (the
+    position of each segment's first token). Returns [num_tokens], int64 if either is int64,
+    else int32, from one launch (no copy to the host)."""
+    either64 = torch.int64 in (indptr.dtype, offsets.dtype)
+    positions = torch.empty(num_tokens, dtype=torch.int64 if either64 else torch.int32,
+                            device=indptr.device)
+    batch = offsets.shape[0]
+    if num_tokens == 0:
+        return positions
+    if batch == 0:  # tokens with no segment: FlashInfer's own check refuses this; so does ours
+        raise ValueError(f"ragged_positions: {num_tokens} tokens but no segments (indptr "
+                         f"{tuple(indptr.shape)})")
+    block = 256
+    grid = (triton.cdiv(num_tokens, block),)
+    with torch.cuda.device(indptr.device) if indptr.is_cuda else contextlib.nullcontext():
+        _ragged_positions_kernel[grid](indptr, offsets, positions, num_tokens, batch,
+                                       max(1, batch.bit_length()), BLOCK=block, num_warps=4,
+                                       **LAUNCH_OPTIONS)
+    return positions
+
+
+def rope_pos_ids(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 inv_freq: torch.Tensor, interleave: bool = False,
+                 q_out: Optional[torch.Tensor] = None, k_out: Optional[torch.Tensor] = None,
+                 backward: bool = False):
+    """FlashInfer's ``apply_rope_pos_ids`` convention: ``positions`` int [nnz], ``q``
+    [nnz, num_q_heads, head_dim] and ``k`` [nnz, num_k_heads, head_dim] (any strides),
+    ``inv_freq`` float32 [rotary_dim / 2] (``inv_freq_table``): pair j of a token at position p
+    turns by ``float32(p) * inv_freq[j]``. ``interleave``: pairs (2j, 2j+1), else (j, j +
+    rotary_dim/2); channels past rotary_dim copied (left where they are in place). Writes into
+    ``q_out``/``k_out`` (new ``empty_like`` tensors if None, as FlashInfer allocates; pass q and
+    k for in place) and returns them. One launch."""
+    _check_device(q)
+    if q_out is None:
+        q_out = torch.empty_like(q)
+    if k_out is None:
+        k_out = torch.empty_like(k)
+    if q.numel() == 0 and k.numel() == 0:
+        return q_out, k_out
+    in_place = q_out is q and k_out is k
+    aligned = bool(interleave) and _aligned(q, k, q_out, k_out)
+    sig = ("pos_ids", q.shape, q.stride(), q_out.stride(), k.shape, k.stride(), k_out.stride(),
+           q.dtype, k.dtype, q_out.dtype, k_out.dtype, q.device, positions.stride(),
+           positions.dtype, inv_freq.shape, inv_freq.stride(), inv_freq.dtype,
+           bool(interleave), bool(backward), in_place, aligned)
+
+    def make_plan():
+        head_dim = q.shape[-1]
+        (q_sizes, q_in), (k_sizes, k_in) = _tokens_heads(q, head_dim), _tokens_heads(k, head_dim)
+        q_o, k_o = _tokens_heads(q_out, head_dim)[1], _tokens_heads(k_out, head_dim)[1]
+        return _plan((q_sizes, q_in, q_o), (k_sizes, k_in, k_o), None, device=q.device,
+                     dtype=q.dtype, angles=ANGLES["inv_freq"], rotary_dim=2 * inv_freq.shape[0],
+                     has_positions=True, has_start=False, interleaved=bool(interleave),
+                     backward=backward, cp_size=1, cp_rank=0,
+                     t_strides=(0, 1, inv_freq.stride(0)), p_strides=(positions.stride(0), 0),
+                     same_table=True, in_place=in_place, aligned=aligned)
+
+    _run(sig, make_plan, (q, q_out, k, k_out, q, q, inv_freq, inv_freq, inv_freq, positions, q))
+    return q_out, k_out
 
 
 def _sbhd_of_hf(x: torch.Tensor, heads_axis: int):

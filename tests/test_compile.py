@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, ON_GPU, randn
+import rope_kernels.flashinfer
 import rope_kernels.hf
 from rope_kernels import (RotaryPositionEmbedding, apply_fused_qkv_rotary_pos_emb,
                           apply_rope_with_cos_sin_cache, apply_rope_with_cos_sin_cache_inplace,
@@ -61,6 +62,13 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
         "flashinfer cos_sin_cache": (
             lambda q, k: apply_rope_with_cos_sin_cache(pos, q, k, D, cache, False),
             [randn((seq, 4 * D), dtype, seed), randn((seq, 2 * D), dtype, seed + 1)]),
+        "flashinfer pos_ids (Llama 3.1's frequencies, interleaved, half the head rotated)": (
+            lambda q, k: rope_kernels.flashinfer.apply_llama31_rope_pos_ids(
+                q, k, pos, rotary_dim=D // 2, interleave=True),
+            [randn((seq, 4, D), dtype, seed), randn((seq, 2, D), dtype, seed + 1)]),
+        "flashinfer apply_rope (a ragged batch: indptr, offsets)": (
+            lambda q, k: rope_kernels.flashinfer.apply_rope(q, k, cu, starts),
+            [randn((seq, 4, D), dtype, seed), randn((seq, 2, D), dtype, seed + 1)]),
         "hf": (
             lambda q, k: rope_kernels.hf.apply_rotary_pos_emb(q, k, hf_cos.cos(), hf_cos.sin()),
             [randn((2, 4, seq, D), dtype, seed), randn((2, 2, seq, D), dtype, seed + 1)]),

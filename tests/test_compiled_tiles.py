@@ -646,6 +646,12 @@ def serving_and_hf_launches(qk, dtype) -> dict:
         "cache": gpu_launch(qk, lambda: qk.rope_cos_sin_cache(positions, q, k, 128, cache, True)),
         "cache, interleaved, in place": gpu_launch(qk, lambda: qk.rope_cos_sin_cache(
             positions, q, k, 128, cache, False, query_out=q, key_out=k))}
+    # FlashInfer's apply_rope_pos_ids: the angles from a frequency per pair, in the kernel
+    q3, k3 = meta(4096, 32, 128, dtype=dtype), meta(4096, 8, 128, dtype=dtype)
+    launches["pos_ids"] = gpu_launch(qk, lambda: qk.rope_pos_ids(
+        positions, q3, k3, meta(64, dtype=torch.float32)))
+    launches["pos_ids, interleaved, in place, half rotary"] = gpu_launch(qk, lambda: (
+        qk.rope_pos_ids(positions, q3, k3, meta(32, dtype=torch.float32), True, q3, k3)))
     for name, heads, k_heads, head_dim, width, pairs in (
             ("cohere", 32, 8, 64, 64, "interleaved"),
             ("cohere, 16q/4k", 16, 4, 64, 64, "interleaved"),
@@ -708,7 +714,8 @@ def test_head_count_plans_hold_q_and_k_in_registers(compiled_modules):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capability, dtype):
     """The serving and Hugging Face plans, as the entry points make them for a GPU: the cache's
-    per-token positions, interleaved pairs read as words, Cohere's loads-first programs, GLM's
+    per-token positions, FlashInfer's angles from a frequency per pair (SFU cos/sin in 16-bit),
+    interleaved pairs read as words, Cohere's loads-first programs, GLM's
     table of one entry a pair, GPT-OSS's, OpenAI's privacy filter's and NanoChat's, and the
     tiles of ``HEAD_COUNT_TILES`` (``head_count_launches``)."""
     ptxas_for(capability)
@@ -718,13 +725,16 @@ def test_rope_qk_serving_and_hf_compiles_for_other_gpus(compiled_modules, capabi
     for name, launch in head_count_launches(qk, dtype).items():
         assert built_for(compile_qk(qk, launch, capability), capability), name
     assert modes["cache"]["HAS_POSITIONS"] and modes["cache"]["INTERLEAVED"] == 0
-    half_split = ("cache", "gpt_oss", "nanochat")
+    half_split = ("cache", "gpt_oss", "nanochat", "pos_ids")
     assert all(modes[name]["INTERLEAVED"] == (0 if name in half_split else 2) for name in launches)
     assert modes["cohere"]["LOADS_FIRST"] == (dtype != torch.float32)
     assert modes["glm, half rotary"]["ANGLES"] == qk.ANGLES["cos_sin_half"]
     assert modes["gpt_oss"]["ANGLES"] == modes["privacy filter"]["ANGLES"] == modes[
         "glm, half rotary"]["ANGLES"]
     assert modes["nanochat"]["ANGLES"] == qk.ANGLES["cos_sin_neg"]
+    for name in ("pos_ids", "pos_ids, interleaved, in place, half rotary"):
+        assert modes[name]["ANGLES"] == qk.ANGLES["inv_freq"] and modes[name]["HAS_POSITIONS"]
+        assert modes[name]["FAST_TRIG"] == (dtype != torch.float32)
     for name, launch in launches.items():
         assert built_for(compile_qk(qk, launch, capability), capability), name
 

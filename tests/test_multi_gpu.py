@@ -20,6 +20,7 @@ import contextlib
 import pytest
 import torch
 
+import rope_kernels.flashinfer
 import rope_kernels.hf
 from conftest import ON_GPU, ROOT, assert_rope_close, load_file, randn
 from rope_kernels import (RotaryPositionEmbedding, _launch, apply_fused_qkv_rotary_pos_emb,
@@ -119,6 +120,9 @@ def _inputs(seed):
         hf_q=randn((b, s, 8, d), torch.float32, seed + 5, "cpu"),
         hf_k=randn((b, s, 2, d), torch.float32, seed + 6, "cpu"),
         hf_angles=randn((b, s, d // 2), torch.float32, seed + 7, "cpu"),
+        # FlashInfer's ragged batch of the 37 tokens: 3 segments, one empty
+        ragged_indptr=torch.tensor([0, 20, 20, 37], dtype=torch.int32),
+        ragged_offsets=torch.tensor([5, 0, 3000], dtype=torch.int32),
     )
 
 
@@ -167,6 +171,12 @@ def _calls(validate):
             a["positions"], a["query"], a["key"], 64, a["cache"], is_neox=False,
             validate=validate),
         "cos/sin cache in place": in_place,
+        "flashinfer pos_ids": lambda a: rope_kernels.flashinfer.apply_rope_pos_ids(
+            a["query"].unflatten(1, (-1, 64)), a["key"].unflatten(1, (-1, 64)), a["positions"],
+            interleave=True),
+        "flashinfer ragged": lambda a: rope_kernels.flashinfer.apply_llama31_rope(
+            a["query"].unflatten(1, (-1, 64)), a["key"].unflatten(1, (-1, 64)),
+            a["ragged_indptr"], a["ragged_offsets"], validate=validate),
         "hugging face": hf,
         "rope_2d file alone, thd pre-pass": lambda a: (COPIED["rope_2d"].rope_2d(
             a["thd"], a["freqs"], "thd", cu_seqlens=a["cu_seqlens"]),),

@@ -496,15 +496,19 @@ def test_default_config_of_pairs_as_words():
 
 def test_other_conventions_take_llamas_tiles():
     """GPT-OSS's tables (one entry per pair, half-split pairs) and NanoChat's (sin negated) are
-    planned with the tiles of Llama's tables; every other table keeps its own rules (GLM's and
-    the privacy filter's, one entry per pair with interleaved pairs, among them)."""
+    planned with the tiles of Llama's tables, FlashInfer's frequencies per pair (no rows: the
+    positions and q and k read as the cache's calls read them) with the cache's; every other
+    table keeps its own rules (GLM's and the privacy filter's, one entry per pair with
+    interleaved pairs, among them)."""
     angles = rope_qk.ANGLES
     assert rope_qk._tile_angles(angles["cos_sin_half"], False) == angles["cos_sin"]
     assert rope_qk._tile_angles(angles["cos_sin_neg"], False) == angles["cos_sin"]
+    for interleaved in (False, True):
+        assert rope_qk._tile_angles(angles["inv_freq"], interleaved) == angles["cache"]
     for name, value in angles.items():
-        if name != "cos_sin_neg":
+        if name not in ("cos_sin_neg", "inv_freq"):
             assert rope_qk._tile_angles(value, True) == value, name
-        if name not in ("cos_sin_half", "cos_sin_neg"):
+        if name not in ("cos_sin_half", "cos_sin_neg", "inv_freq"):
             assert rope_qk._tile_angles(value, False) == value, name
 
 
