@@ -5,6 +5,7 @@ replaces:
   ``fused=False`` runs the naive PyTorch formula (``reference.rope_reference``); ``fused=True``
   runs a Triton kernel, the 2-D batch-reusing one unless ``kernel="1d"``.
 - ``apply_rope_with_cos_sin_cache`` and ``..._inplace``: FlashInfer's (vLLM's convention).
+- FlashInfer's other RoPE functions (positions, no cache): in ``flashinfer.py``.
 - ``rope_kernels.hf.apply_rotary_pos_emb``: transformers' (in ``hf.py``).
 
 Every one is differentiable where its original is, traceable by ``torch.compile(fullgraph=True)``

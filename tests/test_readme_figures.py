@@ -1183,3 +1183,46 @@ def test_hf_sam_recording_is_quoted_as_recorded():
     assert f"{window} / {glob} of copy at SAM 3's ViT" in recorded
     assert (f"{frac[mem, 'ours']:.3f}, in place {frac[mem, 'ours in place']:.3f} (a copy "
             f"{frac[mem, 'copy_same']:.3f}); transformers' own function {_span(theirs)}") in recorded
+
+
+def test_flashinfer_pos_ids_recording_is_quoted_as_recorded():
+    """figures/flashinfer_pos_ids_h200.json (scripts/flashinfer_pos_ids.py): FlashInfer's position
+    functions beside the cache call. The notes' table (every fraction and time), and the ranges
+    and decode times in the notes, recorded_results and the README."""
+    run = json.loads((FIGURES / "flashinfer_pos_ids_h200.json").read_text())
+    assert run["provenance"]["source_commit"] == "09f56aa"
+    by = {(r["shape"], r["call"]): r for r in run["rows"]}
+    shapes = [s for s in dict.fromkeys(r["shape"] for r in run["rows"])
+              if not s.startswith("decode")]
+    calls = ("pos_ids", "pos_ids in place", "cache", "cache in place", "ragged")
+    for shape in shapes:
+        cells = [shape, f"{by[shape, 'pos_ids']['mbytes']:.0f}"] + [
+            f"{by[shape, c]['of_copy']:.3f} ({by[shape, c]['time_us']:.1f} us)" for c in calls
+        ] + [f"{by[shape, 'copy_same']['of_copy']:.3f}"]
+        assert "| " + " | ".join(cells) + " |" in NOTES, shape
+    big = [s for s in shapes if s.startswith("65536")]
+    out = _span([by[s, "pos_ids"]["of_copy"] for s in big])
+    ratio = [by[s, "cache"]["time_us"] / by[s, "pos_ids"]["time_us"] for s in shapes]
+    ratio_in = [by[s, "cache in place"]["time_us"] / by[s, "pos_ids in place"]["time_us"]
+                for s in shapes]
+    decode = {c: by["decode 64 tokens", c]["us_per_call"] for c in calls}
+    texts = {name: " ".join(text.split()) for name, text in
+             (("notes", NOTES), ("recorded", RECORDED), ("readme", README))}
+    span = f"{min(ratio):.3f}-{max(ratio):.3f} times"
+    assert f"takes {span} their time out of place and {_span(ratio_in)} in place" in texts["notes"]
+    assert (f"{out} of copy at 65536 tokens (1342 MB; default and Llama 3.1's frequencies, "
+            f"interleaved pairs, half the head rotated), "
+            f"{by['16384 tokens', 'pos_ids']['of_copy']:.3f} at 16384 tokens") in texts["recorded"]
+    assert f"takes {span} its time out of place and {_span(ratio_in)} in" in texts["recorded"]
+    assert (f"{decode['pos_ids']:.1f} us, in place {decode['pos_ids in place']:.1f} (the cache "
+            f"call {decode['cache']:.1f} and {decode['cache in place']:.1f} on the same host); "
+            f"the ragged `apply_rope`, two launches, {decode['ragged']:.1f} us"
+            ) in texts["recorded"]
+    assert (f"takes {decode['pos_ids']:.1f} us, in place {decode['pos_ids in place']:.1f}, against "
+            f"{decode['cache']:.1f} and {decode['cache in place']:.1f} for the cache call"
+            ) in texts["notes"]
+    assert (f"`apply_rope_pos_ids` runs at {out} of copy at 65536 tokens, the cache call taking "
+            f"{span} its time, and a decode-sized call takes {decode['pos_ids']:.1f} us back to "
+            f"back (in place {decode['pos_ids in place']:.1f}; the cache call "
+            f"{decode['cache']:.1f} and {decode['cache in place']:.1f} on that host)"
+            ) in texts["readme"]

@@ -57,3 +57,19 @@ def test_cache_and_reference_match_the_package(is_neox):
     # able to fail: the other pairing gives another result
     other = sol.rope_with_cache(positions, q, 16, cache, not is_neox)
     assert not torch.allclose(qo.double(), other, atol=1e-3)
+
+
+def test_llama31_frequencies_match_the_package():
+    """Exercise 4 against rope_qk.inv_freq_table (float64 both, the package's rounded to float32
+    once): within one float32 rounding; every regime present at head_dim 128, and a plain table
+    differs (able to fail)."""
+    from rope_kernels import rope_qk
+
+    ours = sol.llama31_inv_freq(128)
+    table = rope_qk.inv_freq_table(128, 8, 5e5, torch.device("cpu"), (1, 4, 8192))
+    assert ours.dtype == torch.float64 and ours.shape == (64,)
+    torch.testing.assert_close(ours.float(), table, rtol=2**-23, atol=0)
+    plain = 5e5 ** (-2 * torch.arange(64, dtype=torch.float64) / 128)
+    scaled, kept = torch.isclose(ours, plain / 8), torch.isclose(ours, plain)
+    assert scaled.any() and kept.any() and (~scaled & ~kept).any()
+    assert not torch.allclose(sol.llama31_inv_freq(128, rope_scale=4).float(), table)

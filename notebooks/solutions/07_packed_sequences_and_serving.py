@@ -9,6 +9,8 @@ Exercise 2: ``grid_waste``          the share of programs of a max_seqlen x sequ
                                     have no token to work on.
 Exercise 3: ``make_cos_sin_cache``  vLLM's cos/sin cache, and ``rope_with_cache`` the float64
                                     rotation it stands for.
+Exercise 4: ``llama31_inv_freq``    Llama 3.1's frequency per pair, from the wavelengths (what
+                                    apply_llama31_rope_pos_ids turns each pair by, per position).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["token_rows", "grid_waste", "make_cos_sin_cache", "rope_with_cache"]
+__all__ = ["token_rows", "grid_waste", "make_cos_sin_cache", "rope_with_cache", "llama31_inv_freq"]
 
 
 def token_rows(cu_seqlens: torch.Tensor, cp_size: int = 1, cp_rank: int = 0,
@@ -77,3 +79,20 @@ def rope_with_cache(positions: torch.Tensor, x: torch.Tensor, head_size: int,
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
     return torch.cat((rot, rest), dim=-1).reshape(n, -1)
+
+
+def llama31_inv_freq(rotary_dim: int, rope_scale: float = 8, rope_theta: float = 5e5,
+                     low_freq_factor: float = 1, high_freq_factor: float = 4,
+                     old_context_len: float = 8192) -> torch.Tensor:
+    """Exercise 4: float64 [rotary_dim / 2], pair j's frequency under Llama 3.1's scaling, regime
+    by regime: long wavelengths slowed by rope_scale, short ones kept, the ones between blended."""
+    j = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    freq = rope_theta ** (-2 * j / rotary_dim)
+    wavelength = 2 * math.pi / freq
+    low_wavelength = old_context_len / low_freq_factor  # longer than this: scaled
+    high_wavelength = old_context_len / high_freq_factor  # shorter than this: kept
+    smooth = (old_context_len / wavelength - low_freq_factor) / (high_freq_factor
+                                                                 - low_freq_factor)
+    blended = (1 - smooth) * freq / rope_scale + smooth * freq
+    return torch.where(wavelength > low_wavelength, freq / rope_scale,
+                       torch.where(wavelength < high_wavelength, freq, blended))
