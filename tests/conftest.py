@@ -154,6 +154,19 @@ def strided_with_poison(values):
                         device=DEVICE)[::2]
 
 
+def count_qk_launches(monkeypatch) -> list:
+    """rope_qk's launches from here on, one entry each (the eager shortcut's set aside: a fresh
+    ``api._Shortcuts`` with no entries, so every call goes through ``rope_qk.launch``)."""
+    import rope_kernels.api
+    from rope_kernels import rope_qk
+
+    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())
+    launches = []
+    real_launch = rope_qk.launch
+    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
+    return launches
+
+
 @pytest.fixture
 def seed(request) -> int:
     """A seed that differs between tests (fresh inputs) yet reproduces a failing test."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE, ON_GPU, assert_rope_close, randn
+from conftest import DEVICE, ON_GPU, assert_rope_close, count_qk_launches, randn
 import rope_kernels.api
 import rope_kernels.flashinfer as fi
 from rope_kernels import rope_qk
@@ -29,15 +29,6 @@ def _table(head_dim, rotary_dim, llama31, rope_scale=1, rope_theta=1e4):
     if llama31:
         return rope_qk.inv_freq_table(r, 8, 5e5, DEVICE, (1, 4, 8192))
     return rope_qk.inv_freq_table(r, rope_scale, rope_theta, DEVICE)
-
-
-def _count_launches(monkeypatch):
-    """rope_qk's launches from here on (the shortcut's set aside: none of its entries)."""
-    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())
-    launches = []
-    real_launch = rope_qk.launch
-    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
-    return launches
 
 
 @pytest.mark.parametrize("nnz,q_heads,k_heads,head_dim,rotary_dim", SHAPES)
@@ -180,7 +171,7 @@ def test_one_launch_shortcut_and_gradient(seed, monkeypatch):
     """One launch a call; repeated eager calls take the shortcut (no planning) and give the same
     bits; the out-of-place call is differentiable (the backward one more launch), its gradient
     that of the float64 reference."""
-    launches = _count_launches(monkeypatch)
+    launches = count_qk_launches(monkeypatch)
     monkeypatch.setattr(rope_qk, "_INV_FREQ", {})  # the first call makes its table
     pos_ids = torch.tensor([5, 0, 63, 5, 17000], device=DEVICE)
     q, k = randn((5, 4, 16), torch.float32, seed), randn((5, 2, 16), torch.float32, seed + 1)

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from conftest import DEVICE, HF_FUNCTIONS, assert_rope_close, hf_cos_width, hf_reference, randn
+from conftest import (DEVICE, HF_FUNCTIONS, assert_rope_close, count_qk_launches, hf_cos_width,
+                      hf_reference, randn)
 import rope_kernels.hf
 from rope_kernels import rope_qk
 
@@ -234,17 +235,8 @@ def test_other_families_match_transformers(dtype, family, unsqueeze_dim, seed):
         assert_rope_close(x.grad, x64.grad, dtype, "d" + name)
 
 
-def _count_launches(monkeypatch):
-    """The launches of rope_qk from here on (the shortcut's set aside: none of its entries)."""
-    monkeypatch.setattr(rope_kernels.api, "_SHORTCUTS", rope_kernels.api._Shortcuts())
-    launches = []
-    real_launch = rope_qk.launch
-    monkeypatch.setattr(rope_qk, "launch", lambda *a: launches.append(1) or real_launch(*a))
-    return launches
-
-
 def test_one_launch_and_gradient(seed, monkeypatch):
-    launches = _count_launches(monkeypatch)
+    launches = count_qk_launches(monkeypatch)
     module = modeling_llama.LlamaRotaryEmbedding(_llama_config(head_dim=16))
     cos, sin = _cos_sin(module, 2, 6, torch.float32, seed)
     q = randn((2, 6, 4, 16), torch.float32, seed).transpose(1, 2).requires_grad_(True)
@@ -2276,7 +2268,7 @@ def test_sam_2d_matches_transformers(family, dtype, seed, monkeypatch):
     writes the same bits into q and k and returns them."""
     theirs = _modeling(family).apply_rotary_pos_emb_2d
     q, k, cos, sin = _sam_inputs(dtype, seed)
-    launches = _count_launches(monkeypatch)
+    launches = count_qk_launches(monkeypatch)
     ours = SAM_2D(q, k, cos, sin)
     assert len(launches) == 1
     exact = theirs(q.double(), k.double(), cos.double(), sin.double())
@@ -2314,7 +2306,7 @@ def test_sam_2d_memory_attention(family, dtype, heads, frames, excluded, seed, m
     theirs = _modeling(family).apply_rotary_pos_emb_2d
     q, k, cos, sin = _sam_inputs(dtype, seed, k_tokens=frames * 6 + excluded, heads=heads)
     kw = dict(num_k_exclude_rope=excluded, repeat_freqs_k=True)
-    launches = _count_launches(monkeypatch)
+    launches = count_qk_launches(monkeypatch)
     ours = SAM_2D(q, k, cos, sin, **kw)
     assert len(launches) == launched
     exact = theirs(q.double(), k.double(), cos.double(), sin.double(), **kw)
