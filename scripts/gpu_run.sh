@@ -14,7 +14,9 @@
 #            current one.
 # te:        TransformerEngine's own tests/pytorch/test_fused_rope.py against this package
 #            (needs the study-group workspace's shared/te: ../shared/te, or the folder named by
-#            $ROPE_TE_DIR where the workspace is not beside the checkout): all but the QKV tests on 6
+#            $ROPE_TE_DIR where the workspace is not beside the checkout, as on a lent GPU machine,
+#            where only the checkout travels: copy shared/te into a git-ignored folder of the
+#            checkout, carry it, and name it in $ROPE_TE_DIR): all but the QKV tests on 6
 #            workers, then the QKV tests on fewer, as the card's memory allows: at 6 workers 338
 #            of them failed on an H200 (2026-11-23) and all 2016 passed at 4; at 4 without the
 #            allocator setting exported below, 151 failed with CUDA out of memory; on an H100
