@@ -228,8 +228,7 @@ def ragged_positions(indptr: Tensor, offsets: Tensor, num_tokens: int) -> Tensor
 
 @ragged_positions.register_fake
 def _(indptr, offsets, num_tokens):
-    either64 = torch.int64 in (indptr.dtype, offsets.dtype)
-    return indptr.new_empty(num_tokens, dtype=torch.int64 if either64 else torch.int32)
+    return indptr.new_empty(num_tokens, dtype=_qk.ragged_positions_dtype(indptr, offsets))
 
 
 # --- Hugging Face: apply_rotary_pos_emb(q, k, cos, sin) ----------------------------------------

@@ -127,13 +127,18 @@ def _pos_ids_call(function, twin, q, k, pos_ids, rotary_dim, interleave, rope_sc
         table = _table(q, rotary_dim, rope_scale, rope_theta, llama31)
 
     def run():
-        if in_place:
-            _qk.rope_pos_ids(pos_ids, q, k, table, interleave, q_out=q, k_out=k)
-            return None
-        return _qk.rope_pos_ids(pos_ids, q, k, table, interleave)
+        return _rotate(pos_ids, q, k, table, interleave, in_place)
 
     return _api._SHORTCUTS.full_path(sig, run, (pos_ids, q, k, table),
                                      (lambda _: ()) if in_place else (lambda out: out))
+
+
+def _rotate(positions, q, k, table, interleave, in_place):
+    """The eager launch of both families: new ``(q_rope, k_rope)``, or None written in place."""
+    if in_place:
+        _qk.rope_pos_ids(positions, q, k, table, interleave, q_out=q, k_out=k)
+        return None
+    return _qk.rope_pos_ids(positions, q, k, table, interleave)
 
 
 def _through_ops(positions, q, k, rotary_dim, interleave, rope_scale, rope_theta, llama31,
@@ -163,11 +168,8 @@ def _ragged_call(function, twin, q, k, indptr, offsets, rotary_dim, interleave, 
         return _through_ops(positions, q, k, rotary_dim, interleave, rope_scale, rope_theta,
                             llama31, in_place)
     positions = _qk.ragged_positions(indptr, offsets, q.shape[0])
-    table = _table(q, rotary_dim, rope_scale, rope_theta, llama31)
-    if in_place:
-        _qk.rope_pos_ids(positions, q, k, table, interleave, q_out=q, k_out=k)
-        return None
-    return _qk.rope_pos_ids(positions, q, k, table, interleave)
+    return _rotate(positions, q, k, _table(q, rotary_dim, rope_scale, rope_theta, llama31),
+                   interleave, in_place)
 
 
 def apply_rope_pos_ids(

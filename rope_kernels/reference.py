@@ -223,18 +223,26 @@ def cos_sin_cache_reference(positions: torch.Tensor, x: torch.Tensor, head_size:
     Returns x rotated, float64 ``[num_tokens, heads * head_size]``; the channels past rotary_dim
     as they were. Performs no input validation."""
     n = x.shape[0]
-    x = x.double().reshape(n, -1, head_size)
     cos, sin = cos_sin_cache.double()[positions.long()].chunk(2, dim=-1)  # [T, R/2] each
-    cos, sin = cos[:, None], sin[:, None]
-    rotary_dim = cos_sin_cache.shape[1]
+    return _rotate_pairs(x.reshape(n, -1, head_size), cos, sin, not is_neox).reshape(n, -1)
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  interleaved: bool) -> torch.Tensor:
+    """x ``[tokens, heads, head_dim]`` rotated in float64 by one angle per pair and token (cos
+    and sin ``[tokens, rotary_dim / 2]``): pairs (2j, 2j + 1) if ``interleaved``, else (j, j +
+    rotary_dim / 2); the channels past rotary_dim as they were."""
+    x = x.double()
+    cos, sin = cos.double()[:, None], sin.double()[:, None]  # [tokens, 1, R/2]
+    rotary_dim = 2 * cos.shape[-1]
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    if is_neox:
-        x1, x2 = rot.chunk(2, dim=-1)
-        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
+    if interleaved:
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((rot, rest), dim=-1).reshape(n, -1)
+    else:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((rot, rest), dim=-1)
 
 
 def pos_ids_reference(positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.Tensor,
@@ -256,14 +264,4 @@ def pos_ids_reference(positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.
     Returns x rotated, float64 ``[nnz, heads, head_dim]``; the channels past rotary_dim as they
     were. Performs no input validation."""
     angles = (positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :])
-    cos, sin = angles.double().cos()[:, None], angles.double().sin()[:, None]  # [nnz, 1, R/2]
-    rotary_dim = 2 * inv_freq.shape[0]
-    x = x.double()
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    if interleave:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    else:
-        x1, x2 = rot.chunk(2, dim=-1)
-        rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return torch.cat((rot, rest), dim=-1)
+    return _rotate_pairs(x, angles.double().cos(), angles.double().sin(), interleave)

@@ -2236,14 +2236,18 @@ def _ragged_positions_kernel(indptr_ptr, offsets_ptr, positions_ptr, num_tokens,
              mask=mask)
 
 
+def ragged_positions_dtype(indptr: torch.Tensor, offsets: torch.Tensor) -> torch.dtype:
+    """``ragged_positions``' dtype: int64 if either of indptr and offsets is, else int32."""
+    return torch.int64 if torch.int64 in (indptr.dtype, offsets.dtype) else torch.int32
+
+
 def ragged_positions(indptr: torch.Tensor, offsets: torch.Tensor,
                      num_tokens: int) -> torch.Tensor:
     """Each token's position in FlashInfer's ragged batch (``apply_rope``'s): ``indptr``
     [batch + 1] (segment b is tokens indptr[b] .. indptr[b+1] - 1), ``offsets`` [batch] (the
-    position of each segment's first token). Returns [num_tokens], int64 if either is int64,
-    else int32, from one launch (no copy to the host)."""
-    either64 = torch.int64 in (indptr.dtype, offsets.dtype)
-    positions = torch.empty(num_tokens, dtype=torch.int64 if either64 else torch.int32,
+    position of each segment's first token). Returns [num_tokens] of ``ragged_positions_dtype``,
+    from one launch (no copy to the host)."""
+    positions = torch.empty(num_tokens, dtype=ragged_positions_dtype(indptr, offsets),
                             device=indptr.device)
     batch = offsets.shape[0]
     if num_tokens == 0:

@@ -30,15 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import rope_kernels.flashinfer as fi  # noqa: E402
+from hf_conventions import timing_fields  # noqa: E402
 from rope_kernels import bench, rope_qk  # noqa: E402
 from rope_kernels.reference import pos_ids_reference  # noqa: E402
 
@@ -124,12 +125,9 @@ def measure(name, rounds, copy_gbps):
         times = bench.shuffled_times(fns, rounds)
     rows = []
     for call, (_, nbytes) in calls.items():
-        us = [t * 1e3 for t in times[call]]
-        median = statistics.median(us)
         rows.append(dict(shape=name, tokens=tokens, llama31=llama31, interleave=interleave,
-                         rotary_dim=rotary_dim or HEAD_DIM, call=call, mbytes=nbytes / 1e6,
-                         time_us=median, spread_us=[min(us), max(us)],
-                         of_copy=nbytes / (median * 1e-6) / 1e9 / copy_gbps))
+                         rotary_dim=rotary_dim or HEAD_DIM, call=call,
+                         **timing_fields(times[call], nbytes, copy_gbps)))
     return rows
 
 
