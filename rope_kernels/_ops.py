@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import rope_1d as _r1
 from . import rope_2d as _r2
+from . import rope_mrope as _mr
 from . import rope_qk as _qk
 
 LAUNCHERS = {"1d": _r1.rope_1d, "2d": _r2.rope_2d}
@@ -168,6 +169,55 @@ def rope_cos_sin_cache_(positions: Tensor, query: Tensor, key: Tensor, head_size
 
 @rope_cos_sin_cache_.register_fake
 def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    return None
+
+
+# --- vLLM's MRotaryEmbedding: apply_mrope_with_cos_sin_cache(_inplace) -----------------------
+@torch.library.custom_op("rope_kernels::rope_mrope", mutates_args=())
+def rope_mrope(positions: Tensor, query: Tensor, key: Tensor, head_size: int,
+               cos_sin_cache: Tensor, mrope_section: List[int], mrope_interleaved: bool,
+               is_neox: bool, backward: bool) -> Tuple[Tensor, Tensor]:
+    return _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
+                          mrope_interleaved, is_neox, backward=backward)
+
+
+@rope_mrope.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, mrope_section, mrope_interleaved, is_neox,
+      backward):
+    return (torch.empty_like(query, memory_format=torch.contiguous_format),
+            torch.empty_like(key, memory_format=torch.contiguous_format))
+
+
+def _mrope_setup(ctx, inputs, output):
+    positions, _, _, head_size, cos_sin_cache, section, interleaved, is_neox, bwd = inputs
+    ctx.save_for_backward(positions, cos_sin_cache)
+    ctx.args = (head_size, section, interleaved, is_neox, bwd)
+
+
+def _mrope_backward(ctx, query_grad, key_grad):
+    positions, cos_sin_cache = ctx.saved_tensors
+    head_size, section, interleaved, is_neox, bwd = ctx.args
+    # The kernel reads a head's channels contiguous; a gradient may come expanded (stride 0).
+    query_grad, key_grad = (g if g.stride(-1) == 1 else g.contiguous()
+                            for g in (query_grad, key_grad))
+    gq, gk = rope_mrope(positions, query_grad, key_grad, head_size, cos_sin_cache, section,
+                        interleaved, is_neox, not bwd)
+    return None, gq, gk, None, None, None, None, None, None
+
+
+rope_mrope.register_autograd(_mrope_backward, setup_context=_mrope_setup)
+
+
+@torch.library.custom_op("rope_kernels::rope_mrope_", mutates_args=("query", "key"))
+def rope_mrope_(positions: Tensor, query: Tensor, key: Tensor, head_size: int,
+                cos_sin_cache: Tensor, mrope_section: List[int], mrope_interleaved: bool,
+                is_neox: bool) -> None:
+    _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
+                   mrope_interleaved, is_neox, query_out=query, key_out=key)
+
+
+@rope_mrope_.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, mrope_section, mrope_interleaved, is_neox):
     return None
 
 

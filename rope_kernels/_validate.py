@@ -376,6 +376,60 @@ def _validate_cache_meta(positions, query, key, head_size, cos_sin_cache, is_neo
                          f"({head_size})")
 
 
+def validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                        mrope_interleaved, check_values: bool) -> None:
+    """vLLM's MRotaryEmbedding through FlashInfer's cache arguments
+    (``apply_mrope_with_cos_sin_cache``): positions [3, num_tokens] (or [num_tokens]), the rest
+    as ``validate_cos_sin_cache_args`` (metadata once per call signature)."""
+    sig = None
+    if all(isinstance(x, torch.Tensor) for x in (positions, query, key, cos_sin_cache)):
+        section = tuple(mrope_section) if isinstance(mrope_section, (list, tuple)) else None
+        sig = ("mrope", _meta(positions), _meta(query), query.stride(), _meta(key), key.stride(),
+               _meta(cos_sin_cache), head_size, type(head_size), is_neox, type(is_neox),
+               section, section and tuple(type(x) for x in section), mrope_interleaved,
+               type(mrope_interleaved))
+    _remembered(sig, lambda: _validate_mrope_meta(positions, query, key, head_size,
+                                                  cos_sin_cache, is_neox, mrope_section,
+                                                  mrope_interleaved))
+    if check_values and positions.numel():
+        lowest, highest = _min_max(positions.reshape(-1))
+        if lowest < 0 or highest >= cos_sin_cache.shape[0]:
+            raise ValueError(f"positions must lie in [0, {cos_sin_cache.shape[0]}) (the rows of "
+                             f"cos_sin_cache), got values from {lowest} to {highest}")
+
+
+def _validate_mrope_meta(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                         mrope_interleaved) -> None:
+    _tensor("positions", positions, "int [3, num_tokens] (T, H, W) or [num_tokens]")
+    if positions.dim() == 2:
+        if positions.shape[0] != 3:
+            raise ValueError(f"positions must be [3, num_tokens] (one row per axis: T, H, W) or "
+                             f"[num_tokens], got shape {tuple(positions.shape)}")
+        tokens = positions[0]  # the checks of a 1-D call, on one row
+    elif positions.dim() == 1:
+        tokens = positions
+    else:
+        raise ValueError(f"positions must be [3, num_tokens] (T, H, W) or [num_tokens], got "
+                         f"shape {tuple(positions.shape)}")
+    _validate_cache_meta(tokens, query, key, head_size, cos_sin_cache, is_neox)
+    for name, x in (("query", query), ("key", key)):
+        if x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(f"{name}'s last axis must be contiguous (stride 1), got strides "
+                             f"{x.stride()}; pass {name}.contiguous()")
+    if not isinstance(mrope_interleaved, bool):
+        raise TypeError(f"mrope_interleaved must be a bool, got {_describe(mrope_interleaved)}")
+    if (not isinstance(mrope_section, (list, tuple)) or len(mrope_section) != 3
+            or any(not isinstance(s, int) or isinstance(s, bool) or s < 0
+                   for s in mrope_section)):
+        raise ValueError(f"mrope_section must be a list of 3 non-negative ints (pairs on the T, H "
+                         f"and W axes), got {mrope_section!r}")
+    half = cos_sin_cache.shape[1] // 2
+    if sum(mrope_section) != half:
+        raise ValueError(f"mrope_section must add up to rotary_dim / 2 = {half} pairs "
+                         f"(cos_sin_cache.shape[1] = {cos_sin_cache.shape[1]}), got "
+                         f"{list(mrope_section)} (sum {sum(mrope_section)})")
+
+
 def validate_pos_ids_args(function, q, k, positions_name, positions, rotary_dim, interleave,
                           rope_scale, rope_theta, llama31=None, indptr=None) -> None:
     """FlashInfer's apply_rope_pos_ids and apply_rope families (``rope_kernels.flashinfer``),

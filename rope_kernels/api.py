@@ -35,10 +35,11 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import _launch, _ops
+from . import rope_mrope as _mr
 from . import rope_qk as _qk
 from ._validate import needs_grad as _needs_grad
-from ._validate import (validate_cos_sin_cache_args, validate_in_place, validate_qkv_args,
-                        validate_rope_args)
+from ._validate import (validate_cos_sin_cache_args, validate_in_place, validate_mrope_args,
+                        validate_qkv_args, validate_rope_args)
 from .reference import rope_reference
 from .rope_1d import rope_1d
 from .rope_2d import rope_2d
@@ -508,3 +509,112 @@ def apply_rope_with_cos_sin_cache_inplace(
                                query_out=query, key_out=key)
 
     _SHORTCUTS.full_path(sig, run, (positions, query, key, cos_sin_cache), lambda _: ())
+
+
+def apply_mrope_with_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    *,
+    mrope_section: Sequence[int],
+    mrope_interleaved: bool = False,
+    validate: bool = True,
+):
+    """Multimodal RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V) on query and key from a
+    cos/sin cache: vLLM's and SGLang's ``MRotaryEmbedding``, with FlashInfer's arguments.
+
+    Each token has three positions (time, height, width); the rotary pairs are split into three
+    sections and pair j turns by the angle of its section's position (``rope_mrope``'s
+    docstring has the rule, contiguous or interleaved). The results are those of vLLM's
+    ``MRotaryEmbedding.forward_native`` with ``cos_sin_cache`` as its cache.
+
+    Args:
+        positions: int32/int64 ``[3, num_tokens]`` (T, H and W positions, any order and
+            strides), or ``[num_tokens]`` for text only: then every pair takes that position and
+            the call is ``apply_rope_with_cos_sin_cache``'s.
+        query: ``[num_tokens, num_q_heads * head_size]`` (or ``[num_tokens, num_q_heads,
+            head_size]``); a head's channels contiguous, the other strides free.
+        key: likewise with its own head count (grouped-query attention: fewer heads).
+        head_size: channels per head.
+        cos_sin_cache: float32 ``[max_position, rotary_dim]``, cos in the first half of a row
+            and sin in the second; ``rotary_dim <= head_size`` (the rest of a head is copied).
+        is_neox: True for half-split pairs (j, j + rotary_dim/2), False for GPT-J's
+            interleaved pairs (2j, 2j+1).
+        mrope_section: ``[t, h, w]``, pairs on each axis; they add up to ``rotary_dim / 2``
+            (Qwen2-VL's ``[16, 24, 24]``, Qwen3-VL's ``[24, 20, 20]``).
+        mrope_interleaved: Qwen3-VL's sections, T H W T H W ... (vLLM's ``mrope_interleaved``),
+            else contiguous (T's pairs, then H's, then W's).
+        validate: check that every position lies inside the cache (a copy to the host; eager
+            mode only, outside CUDA-graph capture).
+
+    Returns:
+        New contiguous ``(query_out, key_out)`` of the inputs' shapes, from one kernel launch;
+        the inputs are not modified. Differentiable with respect to query and key.
+    """
+    if _mrope_is_text(positions):
+        _validate_section_only(positions, query, key, head_size, cos_sin_cache, is_neox,
+                               mrope_section, mrope_interleaved)
+        return apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache,
+                                             is_neox, validate=validate)
+    compiling = torch.compiler.is_compiling()
+    validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                        mrope_interleaved, _check_values(validate, query, compiling))
+    _no_grad_for("cos_sin_cache", cos_sin_cache, "the cache", "detach it")
+    if compiling or _needs_grad(query, key):
+        return _ops.rope_mrope(positions, query, key, head_size, cos_sin_cache,
+                               list(mrope_section), mrope_interleaved, is_neox, False)
+    return _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
+                          mrope_interleaved, is_neox)
+
+
+def apply_mrope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    *,
+    mrope_section: Sequence[int],
+    mrope_interleaved: bool = False,
+    validate: bool = True,
+) -> None:
+    """``apply_mrope_with_cos_sin_cache`` writing into ``query`` and ``key`` (what vLLM's
+    ``MRotaryEmbedding.forward_cuda`` does to its inputs): one launch, no allocation, not
+    differentiable. Channels past ``rotary_dim`` are neither read nor written. Raises ValueError
+    for query or key that need a gradient, for one tensor given as both, and for a query or key
+    whose elements share memory (a stride of 0)."""
+    if _mrope_is_text(positions):
+        _validate_section_only(positions, query, key, head_size, cos_sin_cache, is_neox,
+                               mrope_section, mrope_interleaved)
+        apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache,
+                                              is_neox, validate=validate)
+        return
+    compiling = torch.compiler.is_compiling()
+    validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                        mrope_interleaved, _check_values(validate, query, compiling))
+    validate_in_place("apply_mrope_with_cos_sin_cache_inplace", "apply_mrope_with_cos_sin_cache",
+                      query=query, key=key)
+    if compiling:
+        _ops.rope_mrope_(positions, query, key, head_size, cos_sin_cache, list(mrope_section),
+                         mrope_interleaved, is_neox)
+        return
+    _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
+                   mrope_interleaved, is_neox, query_out=query, key_out=key)
+
+
+def _mrope_is_text(positions) -> bool:
+    """Text-only positions ([num_tokens]): vLLM's MRotaryEmbedding then rotates as plain RoPE."""
+    return isinstance(positions, torch.Tensor) and positions.dim() == 1
+
+
+def _validate_section_only(positions, query, key, head_size, cos_sin_cache, is_neox,
+                           mrope_section, mrope_interleaved) -> None:
+    """A text-only call's sections are checked too: the same arguments give the same errors
+    whatever the positions' shape (the values are left to the cache call)."""
+    validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                        mrope_interleaved, False)
+

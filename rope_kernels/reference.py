@@ -227,6 +227,38 @@ def cos_sin_cache_reference(positions: torch.Tensor, x: torch.Tensor, head_size:
     return _rotate_pairs(x.reshape(n, -1, head_size), cos, sin, not is_neox).reshape(n, -1)
 
 
+def mrope_cos_sin_cache_reference(positions: torch.Tensor, x: torch.Tensor, head_size: int,
+                                  cos_sin_cache: torch.Tensor, mrope_section, mrope_interleaved:
+                                  bool = False, is_neox: bool = True) -> torch.Tensor:
+    """vLLM's ``MRotaryEmbedding.forward_native`` for one of q or k, in float64.
+
+    Args:
+        positions: int ``[3, num_tokens]``: each token's T, H and W rows of the cache.
+        x: ``[num_tokens, heads * head_size]`` (query or key).
+        cos_sin_cache: ``[max_position, rotary_dim]``, cos of the pairs then their sin.
+        mrope_section: ``[t, h, w]`` pairs per axis, adding up to rotary_dim / 2.
+        mrope_interleaved: pair j on H where ``j % 3 == 1 and j < 3h``, on W where ``j % 3 == 2
+            and j < 3w``, else on T (Qwen3-VL); False: the first t pairs on T, the next h on H,
+            the last w on W.
+        is_neox: half-split pairs; False: interleaved pairs (2j, 2j + 1).
+
+    Returns x rotated, float64 ``[num_tokens, heads * head_size]``; the channels past rotary_dim
+    as they were. Performs no input validation."""
+    n = x.shape[0]
+    cos, sin = cos_sin_cache.double()[positions.long()].chunk(2, dim=-1)  # [3, T, R/2] each
+    pair = torch.arange(cos.shape[-1], device=cos.device)
+    if mrope_interleaved:
+        on_h = (pair % 3 == 1) & (pair < 3 * mrope_section[1])
+        on_w = (pair % 3 == 2) & (pair < 3 * mrope_section[2])
+        axis = torch.where(on_w, 2, torch.where(on_h, 1, 0))
+    else:
+        axis = torch.repeat_interleave(torch.arange(3, device=cos.device),
+                                       torch.tensor(list(mrope_section), device=cos.device))
+    # Pair j's cos and sin from the row of its axis: [T, R/2].
+    cos, sin = (t.gather(0, axis.expand(1, n, -1))[0] for t in (cos, sin))
+    return _rotate_pairs(x.reshape(n, -1, head_size), cos, sin, not is_neox).reshape(n, -1)
+
+
 def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   interleaved: bool) -> torch.Tensor:
     """x ``[tokens, heads, head_dim]`` rotated in float64 by one angle per pair and token (cos

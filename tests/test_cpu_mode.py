@@ -84,3 +84,43 @@ def test_copied_kernel_file_works_alone(module, launcher, tmp_path):
     proc = _run(code, **env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+def test_copied_mrope_file_works_alone(tmp_path):
+    """rope_mrope.py copied out of the package: stdlib, torch and triton only, and it runs (a
+    CPU copy with the interpreter off says how to turn it on)."""
+    source = (ROOT / "rope_kernels" / "rope_mrope.py").read_text()
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
+               if line.startswith(("import ", "from "))}
+    allowed = set(sys.stdlib_module_names) | {"__future__", "torch", "triton"}
+    assert imports <= allowed, f"non-stdlib imports: {imports - allowed}"
+    (tmp_path / "rope_mrope.py").write_text(source)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import torch\n"
+        "from rope_mrope import rope_mrope\n"
+        f"q = torch.randn(5, 2 * 8, device={device!r}); k = torch.randn(5, 8, device=q.device)\n"
+        "pos = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 1, 1, 2], [0, 1, 0, 1, 0]], device=q.device)\n"
+        "inv = 10000.0 ** (-torch.arange(0, 8, 2, device=q.device) / 8.0)\n"
+        "f = torch.arange(5.0, device=q.device)[:, None] * inv\n"
+        "cache = torch.cat([f.cos(), f.sin()], -1)\n"
+        "try:\n"
+        "    q_out, k_out = rope_mrope(pos, q, k, 8, cache, [2, 1, 1])\n"
+        "except RuntimeError as e:\n"
+        "    print('RuntimeError:', e); raise SystemExit\n"
+        "sec = torch.tensor([0, 0, 1, 2], device=q.device)\n"
+        "c = cache[pos, :4].gather(0, sec.expand(1, 5, 4))[0][:, None]\n"
+        "s = cache[pos, 4:].gather(0, sec.expand(1, 5, 4))[0][:, None]\n"
+        "x1, x2 = q.view(5, 2, 8).chunk(2, -1)\n"
+        "ref = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).view(5, 16)\n"
+        "print(torch.allclose(q_out, ref, atol=1e-5))\n"
+    )
+    env = {} if device == "cuda" else {"TRITON_INTERPRET": "1"}
+    proc = _run(code, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+    if device == "cpu":
+        proc = _run(code, TRITON_INTERPRET="0")
+        assert proc.returncode == 0, proc.stderr
+        assert "RuntimeError:" in proc.stdout and "TRITON_INTERPRET=1" in proc.stdout
