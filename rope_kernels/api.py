@@ -559,6 +559,11 @@ def apply_mrope_with_cos_sin_cache(
                                mrope_section, mrope_interleaved)
         return apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache,
                                              is_neox, validate=validate)
+    sig, entry = _mrope_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                 mrope_section, mrope_interleaved, validate, False)
+    if entry:
+        query_out, key_out = entry((positions, query, key, cos_sin_cache))
+        return query_out, key_out
     compiling = torch.compiler.is_compiling()
     validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
                         mrope_interleaved, _check_values(validate, query, compiling))
@@ -566,8 +571,13 @@ def apply_mrope_with_cos_sin_cache(
     if compiling or _needs_grad(query, key):
         return _ops.rope_mrope(positions, query, key, head_size, cos_sin_cache,
                                list(mrope_section), mrope_interleaved, is_neox, False)
-    return _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
-                          mrope_interleaved, is_neox)
+
+    def run():
+        return _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
+                              mrope_interleaved, is_neox)
+
+    return _SHORTCUTS.full_path(sig, run, (positions, query, key, cos_sin_cache),
+                                lambda out: out)
 
 
 def apply_mrope_with_cos_sin_cache_inplace(
@@ -593,6 +603,11 @@ def apply_mrope_with_cos_sin_cache_inplace(
         apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache,
                                               is_neox, validate=validate)
         return
+    sig, entry = _mrope_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
+                                 mrope_section, mrope_interleaved, validate, True)
+    if entry:
+        entry((positions, query, key, cos_sin_cache))
+        return
     compiling = torch.compiler.is_compiling()
     validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
                         mrope_interleaved, _check_values(validate, query, compiling))
@@ -602,8 +617,43 @@ def apply_mrope_with_cos_sin_cache_inplace(
         _ops.rope_mrope_(positions, query, key, head_size, cos_sin_cache, list(mrope_section),
                          mrope_interleaved, is_neox)
         return
-    _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
-                   mrope_interleaved, is_neox, query_out=query, key_out=key)
+
+    def run():
+        _mr.rope_mrope(positions, query, key, head_size, cos_sin_cache, mrope_section,
+                       mrope_interleaved, is_neox, query_out=query, key_out=key)
+
+    _SHORTCUTS.full_path(sig, run, (positions, query, key, cos_sin_cache), lambda _: ())
+
+
+def _mrope_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                    mrope_interleaved, validate, in_place):
+    """``_cache_shortcut`` for apply_mrope_with_cos_sin_cache(_inplace): (the shortcut key or
+    None, its entry or None)."""
+    if (not _SHORTCUTS.enabled or type(query) is not _Tensor or type(key) is not _Tensor
+            or type(cos_sin_cache) is not _Tensor or type(positions) is not _Tensor
+            or (validate and positions.numel())
+            # (Flags of exactly these types: a section of floats equal to ints takes the full
+            # path, which names it.)
+            or type(head_size) is not int or not (is_neox is True or is_neox is False)
+            or not (mrope_interleaved is True or mrope_interleaved is False)
+            or type(mrope_section) not in (list, tuple)
+            or not all(type(x) is int for x in mrope_section)
+            or _is_compiling()
+            or (_grad_enabled() and (query.requires_grad or key.requires_grad
+                                     or cos_sin_cache.requires_grad))):
+        return None, None
+    flags = ("mrope", head_size, is_neox, tuple(mrope_section), mrope_interleaved, in_place)
+    for known, check, entry in _SHORTCUTS.recent:
+        if known == flags and check(positions, query, key, cos_sin_cache):
+            return None, entry
+    sig = (flags, query.shape, query.stride(), query.dtype, query.device, key.shape,
+           key.stride(), key.dtype, key.device, positions.shape, positions.stride(),
+           positions.dtype, positions.device, cos_sin_cache.shape, cos_sin_cache.stride(),
+           cos_sin_cache.dtype, cos_sin_cache.device)
+    entry = _SHORTCUTS.entries.get(sig)
+    if entry:
+        _SHORTCUTS.remember(flags, (positions, query, key, cos_sin_cache), entry)
+    return (None if entry is False else sig), entry
 
 
 def _mrope_is_text(positions) -> bool:

@@ -130,7 +130,8 @@ def calls_of(tokens, q_heads, k_heads, rotary_dim, section, interleaved):
     apply_mrope_with_cos_sin_cache_inplace(positions, q_in, k_in, HEAD_DIM, cache, **kw)
     assert torch.equal(q_in, q_out) and torch.equal(k_in, k_out), "in place differs"
     nq, nk = vllm_native(positions, q, k, cache.to(q.dtype), section, interleaved)
-    torch.testing.assert_close(nq.double(), q_out.double(), rtol=2**-6, atol=2e-2)
+    # (vLLM's path rounds cos and sin to the model's dtype: a few elements differ by 2 bf16 ulps.)
+    torch.testing.assert_close(nq.double(), q_out.double(), rtol=2**-6, atol=6e-2)
     qc, kc = q.clone(), k.clone()
     t_pos = positions[0]
     size = q.element_size()
@@ -172,20 +173,20 @@ def measure(name, rounds, copy_gbps):
 
 
 def sweep(rounds, copy_gbps):
-    """Tiles of the kernel at Qwen2.5-VL-7B's and Qwen3-VL-8B's 65536 tokens, out of place."""
+    """Tiles of the kernel at every shape, out of place."""
     rows = []
-    for name in ("qwen2.5-vl-7b 65536", "qwen3-vl-8b 65536"):
+    for name in SHAPES:
         tokens, q_heads, k_heads, rotary_dim, section, interleaved = SHAPES[name]
         q, k, positions = make_inputs(tokens, q_heads, k_heads)
         cache = make_cache(rotary_dim)
         moved = (2 * (q_heads + k_heads) * tokens * HEAD_DIM * 2 + 24 * tokens
                  + tokens * rotary_dim * 4)
         fns = {}
-        for block_h, rows_per, warps in itertools.product((1, 2, 4), (8, 16, 32, 64), (2, 4, 8)):
-            if q_heads % block_h or k_heads % block_h:
-                continue
-            config = dict(BLOCK_S=rows_per // block_h, BLOCK_H=block_h, num_warps=warps)
-            fns[(block_h, rows_per, warps)] = (
+        for block_h, rows_per, warps, x_first in itertools.product(
+                (2, 4, 8, 16), (16, 32, 64), (4, 8), (False, True)):
+            config = dict(BLOCK_S=rows_per // block_h, BLOCK_H=block_h, num_warps=warps,
+                          X_FIRST=x_first)
+            fns[(block_h, rows_per, warps, x_first)] = (
                 lambda c=config: rope_mrope.rope_mrope(positions, q, k, HEAD_DIM, cache, section,
                                                        interleaved, config=c))
         fns["default"] = lambda: rope_mrope.rope_mrope(positions, q, k, HEAD_DIM, cache, section,
@@ -194,7 +195,7 @@ def sweep(rounds, copy_gbps):
             times = bench.shuffled_times(fns, rounds)
         for key, t in times.items():
             row = dict(shape=name, tiles=key if key == "default" else
-                       dict(BLOCK_H=key[0], rows=key[1], num_warps=key[2]),
+                       dict(BLOCK_H=key[0], rows=key[1], num_warps=key[2], X_FIRST=key[3]),
                        **timing_fields(t, moved, copy_gbps))
             rows.append(row)
             print(f"sweep {name:22s} {str(key):14s} {row['of_copy']:.3f}", flush=True)

@@ -279,3 +279,67 @@ def test_cuda_graph_replays_with_new_positions(seed):
     torch.cuda.synchronize()
     assert_rope_close(query, reference(positions, q0, 128, cache, [16, 24, 24]), torch.bfloat16)
     assert_rope_close(key, reference(positions, k0, 128, cache, [16, 24, 24]), torch.bfloat16)
+
+
+@pytest.mark.parametrize("config", [
+    dict(BLOCK_S=1, BLOCK_H=1, num_warps=1, X_FIRST=False),
+    dict(BLOCK_S=4, BLOCK_H=2, num_warps=4, X_FIRST=True),
+    dict(BLOCK_S=16, BLOCK_H=4, num_warps=8, X_FIRST=True),
+    dict(BLOCK_S=2, BLOCK_H=8, num_warps=2, X_FIRST=False),
+])
+def test_every_tile_gives_the_reference(config, seed):
+    """The tiles scripts/mrope.py sweeps (and any a caller passes) rotate alike: token blocks
+    past the end and head blocks past a part's heads (3 q, 6 k heads here) masked."""
+    g = torch.Generator().manual_seed(seed)
+    cache = make_cache(100, 16)
+    positions = thw_positions(13, 100, g)
+    query = randn((13, 3 * 24), torch.bfloat16, seed)
+    key = randn((13, 6 * 24), torch.bfloat16, seed + 1)
+    q_out, k_out = rope_mrope.rope_mrope(positions, query, key, 24, cache, [2, 3, 3], True,
+                                         config=config)
+    assert_rope_close(q_out, reference(positions, query, 24, cache, [2, 3, 3], True),
+                      torch.bfloat16, "query")
+    assert_rope_close(k_out, reference(positions, key, 24, cache, [2, 3, 3], True),
+                      torch.bfloat16, "key")
+
+
+@pytest.fixture
+def shortcuts(monkeypatch):
+    """This test's eager shortcuts only, starting empty (``api._Shortcuts``)."""
+    from rope_kernels import api
+
+    fresh = api._Shortcuts()
+    monkeypatch.setattr(api, "_SHORTCUTS", fresh)
+    return fresh
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_repeated_calls_take_the_shortcut_and_match_the_reference(in_place, shortcuts, seed):
+    """With ``validate=False`` a repeated signature takes the eager shortcut (one recorded
+    launch); every call still matches the reference, and calls that differ only in their
+    sections, or in a section given as floats, are not answered by it."""
+    cache = make_cache(64, 16)
+    tokens, head_size = 7, 24
+    for call, section in enumerate(([2, 3, 3], [2, 3, 3], [2, 3, 3], [4, 2, 2], [2, 3, 3])):
+        g = torch.Generator().manual_seed(seed + call)
+        positions = thw_positions(tokens, 64, g)
+        qkv = randn((tokens, 8 * head_size), torch.bfloat16, seed + call)
+        query, key = qkv[:, :4 * head_size], qkv[:, 4 * head_size:6 * head_size]
+        refs = [reference(positions, x, head_size, cache, section) for x in (query, key)]
+        kwargs = dict(mrope_section=section, validate=False)
+        if in_place:
+            apply_mrope_with_cos_sin_cache_inplace(positions, query, key, head_size, cache,
+                                                   **kwargs)
+            outs = (query, key)
+        else:
+            outs = apply_mrope_with_cos_sin_cache(positions, query, key, head_size, cache,
+                                                  **kwargs)
+        for out, ref in zip(outs, refs):
+            assert_rope_close(out, ref, torch.bfloat16, f"call {call}")
+    assert len([e for e in shortcuts.entries.values() if e]) == 2  # the two sections
+    with pytest.raises(ValueError, match="non-negative ints"):
+        apply_mrope_with_cos_sin_cache(positions, query, key, head_size, cache,
+                                       mrope_section=[2.0, 3, 3], validate=False)
+    with pytest.raises(ValueError, match="positions must lie in"):
+        apply_mrope_with_cos_sin_cache(positions + 64, query, key, head_size, cache,
+                                       mrope_section=[2, 3, 3])
