@@ -181,18 +181,20 @@ def rope_mrope_kernel(
                       INT64, BLOCK_H, HALF, PASS)
 
 
-def default_config(num_tokens: int, q_heads: int, k_heads: int, head_dim: int,
-                   element_size: int, on_gpu: bool = True) -> dict:
+def default_config(num_tokens: int, q_heads: int, k_heads: int, row_bytes: int,
+                   on_gpu: bool = True) -> dict:
     """Tiles by measurement (``scripts/mrope.py --sweep``, ``figures/mrope_h200.json``: H200,
-    bf16 heads of 128, 65536 tokens): blocks of 8 heads (fewer only where a part has fewer),
-    4 KB of rows a program (2 tokens), 4 warps. Of 48 tiles (2-16 heads, 16-64 rows, 4 or 8
-    warps, the rows' loads first or not) it was the best or within 0.2 points of copy of the
-    best at Qwen3-VL-8B's, Qwen2.5-VL-7B's and GLM-4.1V-9B's heads; the first rule (blocks of
-    heads that divide both parts, 8 KB a program) was 0.2-4.5 points behind. The interpreter
-    takes big tiles: its cost is per program, not per element."""
+    bf16 heads of 128, 65536 tokens): blocks of 8 heads (fewer only where both parts have
+    fewer), 4 KB of the rows a program moves (``row_bytes`` a head: the whole head, or in place
+    only its rotated channels), 4 warps. Of the 48 tiles swept out of place (2-16 heads, 16-64
+    rows, 4 or 8 warps, the rows' loads first or not) it was within 0.5 points of copy of the
+    best at Qwen3-VL-8B's, Qwen2.5-VL-7B's and GLM-4.1V-9B's heads. In place with half of
+    GLM's heads rotated (128 B moved a row), 4 KB (4 tokens) ran at 0.770 of copy where 2 KB ran
+    at 0.667 (probe, 3 rounds). The interpreter takes big tiles: its cost is per program, not
+    per element."""
     block_h = min(8, triton.next_power_of_2(max(q_heads, k_heads, 1)))
     target = 4096 if on_gpu else 1 << 16
-    block_s = triton.next_power_of_2(max(1, target // (head_dim * element_size * block_h)))
+    block_s = triton.next_power_of_2(max(1, target // (row_bytes * block_h)))
     block_s = max(1, min(block_s, triton.next_power_of_2(max(num_tokens, 1)), 64))
     return {"BLOCK_S": block_s, "BLOCK_H": block_h, "num_warps": 4 if on_gpu else 1,
             "X_FIRST": False}
@@ -248,8 +250,9 @@ def _make_plan(positions, query, key, head_size, cos_sin_cache, mrope_section,
     _, qo_st, qo_sh = _tokens_heads(query_out, head_size)
     _, ko_st, ko_sh = _tokens_heads(key_out, head_size)
     in_place = query_out is query and key_out is key
-    cfg = dict(config or default_config(num_tokens, q_heads, k_heads, head_size,
-                                        query.element_size(), query.is_cuda))
+    moved = rotary_dim if in_place else head_size  # channels of a head the program moves
+    cfg = dict(config or default_config(num_tokens, q_heads, k_heads,
+                                        moved * query.element_size(), query.is_cuda))
     block_s, block_h = cfg.pop("BLOCK_S"), cfg.pop("BLOCK_H")
     num_warps = cfg.pop("num_warps", 4)
     x_first = cfg.pop("X_FIRST", False)
