@@ -186,12 +186,13 @@ def default_config(num_tokens: int, q_heads: int, k_heads: int, row_bytes: int,
     """Tiles by measurement (``scripts/mrope.py --sweep``, ``figures/mrope_h200.json``: H200,
     bf16 heads of 128, 65536 tokens): blocks of 8 heads (fewer only where both parts have
     fewer), 4 KB of the rows a program moves (``row_bytes`` a head: the whole head, or in place
-    only its rotated channels), 4 warps. Of the 48 tiles swept out of place (2-16 heads, 16-64
-    rows, 4 or 8 warps, the rows' loads first or not) it was within 0.5 points of copy of the
-    best at Qwen3-VL-8B's, Qwen2.5-VL-7B's and GLM-4.1V-9B's heads. In place with half of
-    GLM's heads rotated (128 B moved a row), 4 KB (4 tokens) ran at 0.770 of copy where 2 KB ran
-    at 0.667 (probe, 3 rounds). The interpreter takes big tiles: its cost is per program, not
-    per element."""
+    only its rotated channels), 4 warps. Against the 48 tiles swept out of place (2-16 heads,
+    16-64 rows, 4 or 8 warps, the rows' loads first or not; 5 shuffled rounds) it was the
+    fastest at GLM-4.1V-9B's heads, 0.1 and 0.3 points of copy behind the fastest at
+    Qwen3-VL-8B's and Qwen2.5-VL-7B's at 65536 tokens, 1.0 behind at 16384. In place with half
+    of GLM's heads rotated (128 B moved a row), 4 KB (4 tokens) ran at 0.770 of copy in the
+    record, 2 KB at 0.667 in a probe of 3 rounds. The interpreter takes big tiles: its cost is
+    per program, not per element."""
     block_h = min(8, triton.next_power_of_2(max(q_heads, k_heads, 1)))
     target = 4096 if on_gpu else 1 << 16
     block_s = triton.next_power_of_2(max(1, target // (row_bytes * block_h)))

@@ -1226,3 +1226,55 @@ def test_flashinfer_pos_ids_recording_is_quoted_as_recorded():
             f"back (in place {decode['pos_ids in place']:.1f}; the cache call "
             f"{decode['cache']:.1f} and {decode['cache in place']:.1f} on that host)"
             ) in texts["readme"]
+
+
+def test_mrope_recording_is_quoted_as_recorded():
+    """figures/mrope_h200.json (scripts/mrope.py): M-RoPE beside the plain cache call. The notes'
+    tables (every fraction and time, the sweep's rule, fastest and slowest tiles), the ratios and
+    decode times in the notes, and the README's figures."""
+    run = json.loads((FIGURES / "mrope_h200.json").read_text())
+    assert run["provenance"]["source_commit"] == "dae200a"
+    by = {(r["shape"], r["call"]): r for r in run["rows"]}
+    shapes = [s for s in dict.fromkeys(r["shape"] for r in run["rows"])
+              if not s.startswith("decode")]
+    calls = ("mrope", "mrope in place", "cache", "cache in place", "vllm native")
+    for shape in shapes:
+        r = by[shape, "mrope"]
+        sections = str(r["mrope_section"]) + (" interleaved" if r["interleaved"] else "")
+        cells = [shape, f"{r['q_heads']} / {r['k_heads']}", str(r["rotary_dim"]), sections,
+                 f"{r['mbytes']:.0f}"] + [
+            f"{by[shape, c]['of_copy']:.3f} ({by[shape, c]['time_us']:.1f} us)" for c in calls
+        ] + [f"{by[shape, 'copy_same']['of_copy']:.3f}"]
+        assert "| " + " | ".join(cells) + " |" in NOTES, shape
+    for shape in dict.fromkeys(r["shape"] for r in run["sweep"]):
+        rows = sorted((r for r in run["sweep"] if r["shape"] == shape), key=lambda r: -r["of_copy"])
+        rule = next(r for r in rows if r["tiles"] == "default")
+        assert (f"| {shape} | {rule['of_copy']:.3f} | {rows[0]['of_copy']:.3f} (") in NOTES, shape
+        assert f" | {rows[-1]['of_copy']:.3f} |" in NOTES, shape
+        assert rows[0]["of_copy"] - rule["of_copy"] <= 0.0105, shape  # "at most 1.0 point"
+    big = [s for s in shapes if s.endswith("65536")]
+    ratio = [by[s, "cache"]["time_us"] / by[s, "mrope"]["time_us"] for s in big]
+    assert 0.935 <= min(ratio) and max(ratio) < 0.975  # "0.94-0.97 times the plain call's speed"
+    native = [by[s, "vllm native"]["of_copy"] for s in shapes]
+    copies = [by[s, "copy_same"]["of_copy"] for s in big]
+    decode = {c: by["decode 64 tokens", c]["us_per_call"] for c in calls}
+    readme = " ".join(README.split())
+    notes = " ".join(NOTES.split())
+    q3, q25, glm, small = ("qwen3-vl-8b 65536", "qwen2.5-vl-7b 65536", "glm-4.1v-9b 65536",
+                           "qwen2.5-vl-7b 16384")
+    assert (f"it runs at {by[q3, 'mrope']['of_copy']:.3f} of copy at Qwen3-VL-8B's 32 q / 8 k "
+            f"heads of 128, {by[q25, 'mrope']['of_copy']:.3f} at Qwen2.5-VL-7B's 28 q / 4 k and "
+            f"{by[glm, 'mrope']['of_copy']:.3f} at GLM-4.1V-9B's 32 q / 2 k with half of each head "
+            f"rotated; the plain cache call at the same shapes (the T positions only: what the "
+            f"sections cost) at {by[q3, 'cache']['of_copy']:.3f}, {by[q25, 'cache']['of_copy']:.3f}"
+            f" and {by[glm, 'cache']['of_copy']:.3f}, a copy of the same bytes at {_span(copies)}"
+            ) in readme
+    assert f"(`forward_native`) runs at {_span(native)} of copy" in readme
+    assert (f"At 16384 tokens (277 MB) it runs at {by[small, 'mrope']['of_copy']:.3f}, the plain "
+            f"call at {by[small, 'cache']['of_copy']:.3f}. In place with half of GLM's heads "
+            f"rotated it runs at {by[glm, 'mrope in place']['of_copy']:.3f} (the plain call "
+            f"{by[glm, 'cache in place']['of_copy']:.3f})") in readme
+    assert (f"takes {decode['mrope']:.1f} us back to back, {decode['mrope in place']:.1f} in place "
+            f"(the plain call {decode['cache']:.1f} and {decode['cache in place']:.1f}") in readme
+    assert (f"takes {decode['mrope']:.1f} us, in place {decode['mrope in place']:.1f}, against "
+            f"{decode['cache']:.1f} and {decode['cache in place']:.1f} for the plain call") in notes

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import rope_kernels.hf
-from rope_kernels.reference import cos_sin_cache_reference, rope_reference
+from rope_kernels.reference import (cos_sin_cache_reference, mrope_cos_sin_cache_reference,
+                                    rope_reference)
 
 from conftest import DEVICE, ROOT, assert_rope_close, hf_reference, randn
 
@@ -26,7 +27,8 @@ def block(first_line: str) -> str:
 
 FIRST_LINES = ["from rope_kernels import RotaryPositionEmbedding, apply_rotary_pos_emb",
                "import transformers.models.llama.modeling_llama as llama",
-               "from rope_kernels import apply_rope_with_cos_sin_cache_inplace"]
+               "from rope_kernels import apply_rope_with_cos_sin_cache_inplace",
+               "from rope_kernels import apply_mrope_with_cos_sin_cache_inplace"]
 
 
 def test_every_block_is_checked_here():
@@ -90,6 +92,30 @@ def test_serving_block(is_neox):
     for what, x, x0 in (("q", q, before[:, :heads * head_size]),
                         ("k", k, before[:, heads * head_size:(heads + kv_heads) * head_size])):
         ref = cos_sin_cache_reference(positions, x0, head_size, cos_sin_cache, is_neox)
+        assert_rope_close(x, ref, torch.bfloat16, what)
+    v = slice((heads + kv_heads) * head_size, None)
+    assert torch.equal(qkv[:, v], before[:, v]), "v was written"
+
+
+def test_mrope_block(seed):
+    """The M-RoPE call rotates the step's q and k views where they lie, each pair by the cache row
+    of its section's position (T, H or W; sections [16, 24, 24] of 64 pairs), and leaves the
+    rest of the buffer alone."""
+    tokens, heads, kv_heads, head_size, max_position = 6, 2, 1, 128, 40
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(max_position, head_size // 2, dtype=torch.float64, generator=g) * 6
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float().to(DEVICE)
+    positions_thw = torch.randint(0, max_position, (3, tokens), generator=g).to(DEVICE)
+    qkv = randn((tokens, (heads + 2 * kv_heads) * head_size), torch.bfloat16, seed)
+    q, k = qkv[:, :heads * head_size], qkv[:, heads * head_size:(heads + kv_heads) * head_size]
+    before = qkv.clone()
+    scope = {"positions_thw": positions_thw, "q": q, "k": k, "head_size": head_size,
+             "cos_sin_cache": cos_sin_cache}
+    exec(block(FIRST_LINES[3]), scope)  # noqa: S102
+    for what, x, x0 in (("q", q, before[:, :heads * head_size]),
+                        ("k", k, before[:, heads * head_size:(heads + kv_heads) * head_size])):
+        ref = mrope_cos_sin_cache_reference(positions_thw, x0, head_size, cos_sin_cache,
+                                            [16, 24, 24])
         assert_rope_close(x, ref, torch.bfloat16, what)
     v = slice((heads + kv_heads) * head_size, None)
     assert torch.equal(qkv[:, v], before[:, v]), "v was written"
