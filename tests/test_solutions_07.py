@@ -73,3 +73,33 @@ def test_llama31_frequencies_match_the_package():
     scaled, kept = torch.isclose(ours, plain / 8), torch.isclose(ours, plain)
     assert scaled.any() and kept.any() and (~scaled & ~kept).any()
     assert not torch.allclose(sol.llama31_inv_freq(128, rope_scale=4).float(), table)
+
+
+@pytest.mark.parametrize("section,interleaved", [([16, 24, 24], False), ([24, 20, 20], True),
+                                                 ([2, 0, 6], False)])
+def test_mrope_axes_and_rotation_match_the_package(section, interleaved, seed):
+    """Exercise 5: the axes as the reference rules give them (interleaved [24, 20, 20]: 24, 20
+    and 20 pairs), and the rotation built from them against apply_mrope_with_cos_sin_cache; a
+    map with H and W swapped gives other numbers (able to fail)."""
+    from rope_kernels import apply_mrope_with_cos_sin_cache
+
+    rotary_dim = 2 * sum(section)
+    axes = sol.mrope_axes(rotary_dim, section, interleaved)
+    assert axes.dtype == torch.int64 and axes.shape == (rotary_dim // 2,)
+    assert [int((axes == a).sum()) for a in range(3)] == list(section)
+    if not interleaved:
+        assert torch.equal(axes, torch.repeat_interleave(torch.arange(3), torch.tensor(section)))
+    else:
+        assert axes[:6].tolist() == [0, 1, 2, 0, 1, 2] and axes[-4:].tolist() == [0, 0, 0, 0]
+    g = torch.Generator().manual_seed(seed)
+    cache = sol.make_cos_sin_cache(256, rotary_dim, device=DEVICE)
+    positions = torch.randint(0, 256, (3, 6), generator=g).to(DEVICE)
+    x = randn((6, 2 * (rotary_dim + 8)), torch.float32, seed)
+    ours, _ = apply_mrope_with_cos_sin_cache(positions, x, x[:, :rotary_dim + 8], rotary_dim + 8,
+                                             cache, mrope_section=section,
+                                             mrope_interleaved=interleaved)
+    theirs = sol.mrope_with_cache(positions, x, rotary_dim + 8, cache, section, interleaved)
+    assert_rope_close(ours, theirs, torch.float32)
+    swapped = sol.mrope_with_cache(positions[[0, 2, 1]], x, rotary_dim + 8, cache, section,
+                                   interleaved)
+    assert not torch.allclose(swapped, theirs)

@@ -11,6 +11,8 @@ Exercise 3: ``make_cos_sin_cache``  vLLM's cos/sin cache, and ``rope_with_cache`
                                     rotation it stands for.
 Exercise 4: ``llama31_inv_freq``    Llama 3.1's frequency per pair, from the wavelengths (what
                                     apply_llama31_rope_pos_ids turns each pair by, per position).
+Exercise 5: ``mrope_axes``          each rotary pair's axis (T, H or W) in multimodal RoPE's
+                                    sections, and ``mrope_with_cache`` the float64 rotation.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["token_rows", "grid_waste", "make_cos_sin_cache", "rope_with_cache", "llama31_inv_freq"]
+__all__ = ["token_rows", "grid_waste", "make_cos_sin_cache", "rope_with_cache", "llama31_inv_freq",
+           "mrope_axes", "mrope_with_cache"]
 
 
 def token_rows(cu_seqlens: torch.Tensor, cp_size: int = 1, cp_rank: int = 0,
@@ -96,3 +99,34 @@ def llama31_inv_freq(rotary_dim: int, rope_scale: float = 8, rope_theta: float =
     blended = (1 - smooth) * freq / rope_scale + smooth * freq
     return torch.where(wavelength > low_wavelength, freq / rope_scale,
                        torch.where(wavelength < high_wavelength, freq, blended))
+
+
+def mrope_axes(rotary_dim: int, mrope_section: Sequence[int], interleaved: bool = False,
+               device=None) -> torch.Tensor:
+    """Exercise 5: int64 [rotary_dim // 2]: the axis of each rotary pair, 0 (T), 1 (H) or 2 (W).
+    Contiguous sections give the first ``t`` pairs to T, the next ``h`` to H, the last ``w`` to W;
+    Qwen3-VL's interleaved ones give pair j to H where ``j % 3 == 1 and j < 3h``, to W where
+    ``j % 3 == 2 and j < 3w``, and the rest to T."""
+    pairs = torch.arange(rotary_dim // 2, device=device)
+    if interleaved:
+        on_h = (pairs % 3 == 1) & (pairs < 3 * mrope_section[1])
+        on_w = (pairs % 3 == 2) & (pairs < 3 * mrope_section[2])
+        return torch.where(on_w, 2, torch.where(on_h, 1, 0))
+    t, h, _ = mrope_section
+    return (pairs >= t).long() + (pairs >= t + h).long()
+
+
+def mrope_with_cache(positions: torch.Tensor, x: torch.Tensor, head_size: int,
+                     cache: torch.Tensor, mrope_section: Sequence[int],
+                     interleaved: bool = False) -> torch.Tensor:
+    """Exercise 5, the rotation: x [tokens, heads * head_size] turned (half-split pairs, in
+    float64) by each pair's cos and sin from the cache row of its axis' position; positions
+    [3, tokens]."""
+    rotary_dim = cache.shape[1]
+    axes = mrope_axes(rotary_dim, mrope_section, interleaved, device=cache.device)
+    rows = positions.long()[axes]  # [pairs, tokens]: each pair's position, token by token
+    pair = torch.arange(rotary_dim // 2, device=cache.device)
+    cos = cache.double()[rows, pair[:, None]].T  # [tokens, pairs]
+    sin = cache.double()[rows, rotary_dim // 2 + pair[:, None]].T
+    return rope_with_cache(torch.arange(x.shape[0], device=x.device), x, head_size,
+                           torch.cat((cos, sin), -1), is_neox=True)
