@@ -41,7 +41,8 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
     cu_many = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]).to(torch.int32).to(DEVICE)
     cache = _cache()
     pos = torch.randint(0, 64, (seq,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
-    pos_thw = torch.randint(0, 64, (3, seq), generator=torch.Generator().manual_seed(seed + 3))
+    pos_thw = torch.randint(0, 64, (3, seq),
+                            generator=torch.Generator().manual_seed(seed + 3)).to(DEVICE)
     hf_cos = randn((2, seq, D), dtype, seed + 5)
     # Llama 4's cos + i sin, made in the graph from float32 parts made outside it (exactly: the
     # parts' bits whatever computes them, so compiled and exported calls match eager's bits)
@@ -65,7 +66,7 @@ def _cases(seq=8, dtype=torch.float32, seed=0):
             [randn((seq, 4 * D), dtype, seed), randn((seq, 2 * D), dtype, seed + 1)]),
         "vllm mrope (positions [3, tokens], Qwen3-VL's interleaved sections)": (
             lambda q, k: apply_mrope_with_cos_sin_cache(
-                pos_thw.to(DEVICE), q, k, D, cache, mrope_section=[6, 5, 5],
+                pos_thw, q, k, D, cache, mrope_section=[6, 5, 5],
                 mrope_interleaved=True),
             [randn((seq, 4 * D), dtype, seed), randn((seq, 2 * D), dtype, seed + 1)]),
         "flashinfer pos_ids (Llama 3.1's frequencies, interleaved, half the head rotated)": (
