@@ -461,6 +461,12 @@ def _cache_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, va
     # (Interleaved pairs: whether the addresses allow reading them as words decides the plan.)
     flags = ("cache", head_size, is_neox, in_place,
              not is_neox and _qk._aligned(query, key))
+    return _cache_entry(flags, positions, query, key, cos_sin_cache)
+
+
+def _cache_entry(flags, positions, query, key, cos_sin_cache):
+    """The shortcut of a cache call (plain or M-RoPE) with these flags and tensors: (its key or
+    None, its entry or None), as ``_cache_shortcut`` says; a recent signature tried first."""
     for known, check, entry in _SHORTCUTS.recent:
         if known == flags and check(positions, query, key, cos_sin_cache):
             return None, entry
@@ -643,17 +649,7 @@ def _mrope_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, mr
                                      or cos_sin_cache.requires_grad))):
         return None, None
     flags = ("mrope", head_size, is_neox, tuple(mrope_section), mrope_interleaved, in_place)
-    for known, check, entry in _SHORTCUTS.recent:
-        if known == flags and check(positions, query, key, cos_sin_cache):
-            return None, entry
-    sig = (flags, query.shape, query.stride(), query.dtype, query.device, key.shape,
-           key.stride(), key.dtype, key.device, positions.shape, positions.stride(),
-           positions.dtype, positions.device, cos_sin_cache.shape, cos_sin_cache.stride(),
-           cos_sin_cache.dtype, cos_sin_cache.device)
-    entry = _SHORTCUTS.entries.get(sig)
-    if entry:
-        _SHORTCUTS.remember(flags, (positions, query, key, cos_sin_cache), entry)
-    return (None if entry is False else sig), entry
+    return _cache_entry(flags, positions, query, key, cos_sin_cache)
 
 
 def _mrope_is_text(positions) -> bool:

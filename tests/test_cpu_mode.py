@@ -59,12 +59,7 @@ def test_copied_kernel_file_explains_cpu_tensors_with_interpreter_off(module, la
 @pytest.mark.parametrize("module,launcher", [("rope_1d", "rope_1d"), ("rope_2d", "rope_2d")])
 def test_copied_kernel_file_works_alone(module, launcher, tmp_path):
     """Copy one kernel file out of the package: it imports only torch/triton/stdlib and runs."""
-    source = (ROOT / "rope_kernels" / f"{module}.py").read_text()
-    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
-               if line.startswith(("import ", "from "))}
-    allowed = set(sys.stdlib_module_names) | {"__future__", "torch", "triton"}
-    assert imports <= allowed, f"non-stdlib imports: {imports - allowed}"
-    (tmp_path / f"{module}.py").write_text(source)
+    _copy_alone(module, tmp_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
@@ -86,15 +81,21 @@ def test_copied_kernel_file_works_alone(module, launcher, tmp_path):
     assert proc.stdout.strip() == "True"
 
 
-def test_copied_mrope_file_works_alone(tmp_path):
-    """rope_mrope.py copied out of the package: stdlib, torch and triton only, and it runs (a
-    CPU copy with the interpreter off says how to turn it on)."""
-    source = (ROOT / "rope_kernels" / "rope_mrope.py").read_text()
+def _copy_alone(module: str, folder: pathlib.Path) -> None:
+    """rope_kernels/<module>.py copied into ``folder``, as a user copies it: it imports only the
+    standard library, torch and triton."""
+    source = (ROOT / "rope_kernels" / f"{module}.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in source.splitlines()
                if line.startswith(("import ", "from "))}
     allowed = set(sys.stdlib_module_names) | {"__future__", "torch", "triton"}
     assert imports <= allowed, f"non-stdlib imports: {imports - allowed}"
-    (tmp_path / "rope_mrope.py").write_text(source)
+    (folder / f"{module}.py").write_text(source)
+
+
+def test_copied_mrope_file_works_alone(tmp_path):
+    """rope_mrope.py copied out of the package: stdlib, torch and triton only, and it runs (a
+    CPU copy with the interpreter off says how to turn it on)."""
+    _copy_alone("rope_mrope", tmp_path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
