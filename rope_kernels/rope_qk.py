@@ -84,6 +84,27 @@ def _fast_sincos(x):
 
 
 @triton.jit
+def _sincos(f, FAST_TRIG: tl.constexpr):
+    """cos(f), sin(f) of float32 angles: ``_fast_sincos`` for 16-bit tensors (``FAST_TRIG``),
+    accurate ones for float32."""
+    if FAST_TRIG:
+        cos, sin = _fast_sincos(f)
+    else:
+        cos = tl.cos(f)
+        sin = tl.sin(f)
+    return cos, sin
+
+
+@triton.jit
+def _position_angles(table_ptr, row, j, mask, t_stride_d, FAST_TRIG: tl.constexpr):
+    """``ANGLES`` 5: cos and sin of pair j's angle, ``float32(position) * inv_freq[j]`` (a
+    float32 product), for the positions ``row`` [BLOCK_S, 1] (the table's "rows" are the
+    positions themselves) and the pairs ``j`` [n]."""
+    inv_freq = _table_row(table_ptr + j * t_stride_d, mask)
+    return _sincos(row.to(tl.float32) * inv_freq[None, :], FAST_TRIG)
+
+
+@triton.jit
 def _pairs(rotary_dim, INTERLEAVED: tl.constexpr, INT64: tl.constexpr, HALF: tl.constexpr):
     """Pair index j [HALF], its mask, and the pair's two channels: half-split (GPT-NeoX) pairs j
     with j + rotary_dim/2; interleaved (GPT-J) pairs 2j with 2j+1 (INTERLEAVED 1 and 2; 3 and 4
@@ -138,15 +159,8 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
         j, j_mask, c1, c2 = _pairs(rotary_dim, INTERLEAVED, INT64, HALF)
         sj_mask = s_mask[:, None] & j_mask[None, :]
         row = t_row[:, None]
-        if ANGLES == 5:
-            # t_row is the position itself: pair j's angle is position * inv_freq[j], in float32.
-            inv_freq = _table_row(table_ptr + j * t_stride_d, j_mask)
-            f = row.to(tl.float32) * inv_freq[None, :]
-            if FAST_TRIG:
-                cos1, sin1 = _fast_sincos(f)
-            else:
-                cos1 = tl.cos(f)
-                sin1 = tl.sin(f)
+        if ANGLES == 5:  # t_row is the position itself
+            cos1, sin1 = _position_angles(table_ptr, row, j, j_mask, t_stride_d, FAST_TRIG)
             cos2 = cos1
             sin2 = sin1
         elif ANGLES == 1 or ANGLES == 3:
@@ -176,14 +190,8 @@ def _angles(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
         else:  # angles: every channel its own table entry, as TransformerEngine's formula
             f1 = _table_row(table_ptr + row + c1[None, :] * t_stride_d, sj_mask)
             f2 = _table_row(table_ptr + row + c2[None, :] * t_stride_d, sj_mask)
-            if FAST_TRIG:
-                cos1, sin1 = _fast_sincos(f1)
-                cos2, sin2 = _fast_sincos(f2)
-            else:
-                cos1 = tl.cos(f1)
-                sin1 = tl.sin(f1)
-                cos2 = tl.cos(f2)
-                sin2 = tl.sin(f2)
+            cos1, sin1 = _sincos(f1, FAST_TRIG)
+            cos2, sin2 = _sincos(f2, FAST_TRIG)
         if BACKWARD:
             # The transpose of [[cos1, -sin1], [sin2, cos2]]: sin negated, the channels' sines
             # swapped.
@@ -225,16 +233,9 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
     # level elsewhere and on 3.7.1 (probes, not recorded; docs/performance_notes.md: the same
     # instructions in another order, 64 registers against 66).
     s_ch = partner if BACKWARD else tl.where(rotated, c, partner)
-    if ANGLES == 5:
-        # Pair j's angle, position * inv_freq[j] (t_row is the position), shared by its channels.
-        j = tl.where(first, c, c - half)
-        inv_freq = _table_row(table_ptr + j * t_stride_d, rotated)
-        f = row.to(tl.float32) * inv_freq[None, :]
-        if FAST_TRIG:
-            cos, sin = _fast_sincos(f)
-        else:
-            cos = tl.cos(f)
-            sin = tl.sin(f)
+    if ANGLES == 5:  # pair j's angle (t_row is the position), shared by its channels
+        cos, sin = _position_angles(table_ptr, row, tl.where(first, c, c - half), rotated,
+                                    t_stride_d, FAST_TRIG)
     elif ANGLES == 1 or ANGLES == 3:
         # One entry per pair, pair j's cos at j, which a pair's two channels share: the cache's
         # rows (its sin at d2/2 + j) or GPT-OSS's cos and sin (its sin a table of its own).
@@ -256,13 +257,9 @@ def _angles_row(table_ptr, sin_ptr, t_row, s_mask, rotary_dim, t_stride_d,
             f_sin = _table_row(table_ptr + row + partner[None, :] * t_stride_d, mask)
         else:
             f_sin = f
-        if FAST_TRIG:
-            cos, sin = _fast_sincos(f)
-            if BACKWARD:
-                _, sin = _fast_sincos(f_sin)
-        else:
-            cos = tl.cos(f)
-            sin = tl.sin(f_sin)
+        cos, sin = _sincos(f, FAST_TRIG)
+        if BACKWARD:
+            _, sin = _sincos(f_sin, FAST_TRIG)
     sign = tl.where(first, -1.0, 1.0)
     if BACKWARD:
         sign = -sign

@@ -13,7 +13,8 @@ launched) and compares the plans and the SASS (``cuobjdump -sass``). Calls: the 
 (half-split and interleaved pairs, the whole head and half of it rotated, out of place and in
 place, forward and backward), Hugging
 Face's functions (Llama's, Cohere's, GLM's; the whole head and half of it; in place), fused QKV
-(half-split, interleaved), at the benchmark's q+k shape (16 x 4096 tokens, 32 q / 8 k heads of
+(half-split, interleaved), FlashInfer's ``rope_pos_ids`` (both pairings, the whole head and half
+of it, forward, backward and in place; where both files have it), at the benchmark's q+k shape (16 x 4096 tokens, 32 q / 8 k heads of
 128) and at head_dim 64 with 16 q / 4 k heads, in bf16 and fp32. Prints one line per launch
 and exits 1 if any differs.
 """
@@ -58,6 +59,22 @@ def calls(qk, dtype, hq, hk, d):
                 positions, q, k, d, cache, neox, query_out=q, key_out=k)
         out[f"fused qkv {pairs}"] = lambda neox=neox: qk.rope_qkv(
             qkv, freqs, freqs, (4 * d, d, d), "sbhd", None, not neox)
+    if hasattr(qk, "rope_pos_ids"):  # FlashInfer's positions, the angles computed (ANGLES 5)
+        q3, k3 = meta(tokens, hq, d, dtype=dtype), meta(tokens, hk, d, dtype=dtype)
+        for interleave in (False, True):
+            for rotary_dim in (d, d // 2):
+                inv_freq = meta(rotary_dim // 2, dtype=torch.float32)
+                name = (f"pos_ids {'interleaved' if interleave else 'half-split'} rotary "
+                        f"{rotary_dim}")
+                for backward in (False, True):
+                    step = "backward" if backward else "forward"
+                    out[f"{name} {step}"] = (
+                        lambda inv_freq=inv_freq, interleave=interleave, backward=backward:
+                        qk.rope_pos_ids(positions, q3, k3, inv_freq, interleave,
+                                        backward=backward))
+                out[f"{name} in place"] = lambda inv_freq=inv_freq, interleave=interleave: (
+                    qk.rope_pos_ids(positions, q3, k3, inv_freq, interleave, q_out=q3,
+                                    k_out=k3))
     for pairs in ("half", "interleaved", "glm"):
         for rotary_dim in (d, d // 2):
             if pairs == "interleaved" and rotary_dim != d:
@@ -99,6 +116,8 @@ def main(argv=None) -> int:
             for hq, hk, d in ((32, 8, 128), (16, 4, 64)):
                 both = [calls(m, dtype, hq, hk, d) for m in (before, after)]
                 for name in both[0]:
+                    if name not in both[1]:  # a call the older file does not have
+                        continue
                     launches = [gpu_launch(m, made[name]) for m, made in zip((before, after), both)]
                     (plan_b, ptrs_b), (plan_a, ptrs_a) = launches
                     same_plan = (plan_b.grid, plan_b.scalars, shared(plan_b, plan_a),
