@@ -295,13 +295,14 @@ def rope_mrope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, 
         query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if key_out is None:
         key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
-    if query.shape[0] == 0:
+    if query.shape[0] == 0 or (query.numel() == 0 and key.numel() == 0):
         return query_out, key_out
     in_place = query_out is query and key_out is key
     # Every pointer's dtype and every scalar follow from the key: a launcher that reuses the
     # kernel compiled for a plan (the package's) relies on that.
     sig = (query.shape, query.stride(), key.shape, key.stride(), query_out.stride(),
-           key_out.stride(), query.dtype, query_out.dtype, key_out.dtype, query.device,
+           key_out.stride(), query.dtype, key.dtype, query_out.dtype, key_out.dtype,
+           query.device,
            positions.shape, positions.stride(), positions.dtype, cos_sin_cache.shape,
            cos_sin_cache.stride(), cos_sin_cache.dtype, head_size, tuple(mrope_section),
            bool(interleaved_sections), bool(is_neox), bool(backward), in_place)

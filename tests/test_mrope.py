@@ -343,3 +343,20 @@ def test_repeated_calls_take_the_shortcut_and_match_the_reference(in_place, shor
     with pytest.raises(ValueError, match="positions must lie in"):
         apply_mrope_with_cos_sin_cache(positions + 64, query, key, head_size, cache,
                                        mrope_section=[2, 3, 3])
+
+
+def test_no_tokens_and_no_heads(seed):
+    """Empty calls give empty results (no launch of an empty grid); a k of no heads leaves q's
+    rotation as it is."""
+    cache = make_cache(16, 16)
+    empty = apply_mrope_with_cos_sin_cache(torch.zeros(3, 0, dtype=torch.long, device=DEVICE),
+                                           randn((0, 32), torch.float32, seed),
+                                           randn((0, 16), torch.float32, seed), 16, cache,
+                                           mrope_section=[2, 3, 3])
+    assert [tuple(x.shape) for x in empty] == [(0, 32), (0, 16)]
+    positions = thw_positions(4, 16, torch.Generator().manual_seed(seed))
+    query = randn((4, 32), torch.float32, seed)
+    q_out, k_out = apply_mrope_with_cos_sin_cache(positions, query, randn((4, 0), torch.float32),
+                                                  16, cache, mrope_section=[2, 3, 3])
+    assert k_out.shape == (4, 0)
+    assert_rope_close(q_out, reference(positions, query, 16, cache, [2, 3, 3]), torch.float32)
