@@ -416,6 +416,12 @@ def _validate_mrope_meta(positions, query, key, head_size, cos_sin_cache, is_neo
         if x.shape[-1] > 1 and x.stride(-1) != 1:
             raise ValueError(f"{name}'s last axis must be contiguous (stride 1), got strides "
                              f"{x.stride()}; pass {name}.contiguous()")
+    validate_mrope_sections(mrope_section, mrope_interleaved, cos_sin_cache.shape[1])
+
+
+def validate_mrope_sections(mrope_section, mrope_interleaved, rotary_dim: int) -> None:
+    """M-RoPE's own arguments, given the cache's width: a few comparisons, no tensor metadata
+    (the text-only call checks only these, and leaves the rest to the cache call's checks)."""
     if not isinstance(mrope_interleaved, bool):
         raise TypeError(f"mrope_interleaved must be a bool, got {_describe(mrope_interleaved)}")
     if (not isinstance(mrope_section, (list, tuple)) or len(mrope_section) != 3
@@ -423,10 +429,10 @@ def _validate_mrope_meta(positions, query, key, head_size, cos_sin_cache, is_neo
                    for s in mrope_section)):
         raise ValueError(f"mrope_section must be a list of 3 non-negative ints (pairs on the T, H "
                          f"and W axes), got {mrope_section!r}")
-    half = cos_sin_cache.shape[1] // 2
+    half = rotary_dim // 2
     if sum(mrope_section) != half:
         raise ValueError(f"mrope_section must add up to rotary_dim / 2 = {half} pairs "
-                         f"(cos_sin_cache.shape[1] = {cos_sin_cache.shape[1]}), got "
+                         f"(cos_sin_cache.shape[1] = {rotary_dim}), got "
                          f"{list(mrope_section)} (sum {sum(mrope_section)})")
 
 

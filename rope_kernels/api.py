@@ -39,7 +39,7 @@ from . import rope_mrope as _mr
 from . import rope_qk as _qk
 from ._validate import needs_grad as _needs_grad
 from ._validate import (validate_cos_sin_cache_args, validate_in_place, validate_mrope_args,
-                        validate_qkv_args, validate_rope_args)
+                        validate_mrope_sections, validate_qkv_args, validate_rope_args)
 from .reference import rope_reference
 from .rope_1d import rope_1d
 from .rope_2d import rope_2d
@@ -560,9 +560,7 @@ def apply_mrope_with_cos_sin_cache(
         New contiguous ``(query_out, key_out)`` of the inputs' shapes, from one kernel launch;
         the inputs are not modified. Differentiable with respect to query and key.
     """
-    if _mrope_is_text(positions):
-        _validate_section_only(positions, query, key, head_size, cos_sin_cache, is_neox,
-                               mrope_section, mrope_interleaved)
+    if _text_only(positions, cos_sin_cache, mrope_section, mrope_interleaved):
         return apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache,
                                              is_neox, validate=validate)
     sig, entry = _mrope_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox,
@@ -603,9 +601,7 @@ def apply_mrope_with_cos_sin_cache_inplace(
     differentiable. Channels past ``rotary_dim`` are neither read nor written. Raises ValueError
     for query or key that need a gradient, for one tensor given as both, and for a query or key
     whose elements share memory (a stride of 0)."""
-    if _mrope_is_text(positions):
-        _validate_section_only(positions, query, key, head_size, cos_sin_cache, is_neox,
-                               mrope_section, mrope_interleaved)
+    if _text_only(positions, cos_sin_cache, mrope_section, mrope_interleaved):
         apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache,
                                               is_neox, validate=validate)
         return
@@ -652,15 +648,15 @@ def _mrope_shortcut(positions, query, key, head_size, cos_sin_cache, is_neox, mr
     return _cache_entry(flags, positions, query, key, cos_sin_cache)
 
 
-def _mrope_is_text(positions) -> bool:
-    """Text-only positions ([num_tokens]): vLLM's MRotaryEmbedding then rotates as plain RoPE."""
-    return isinstance(positions, torch.Tensor) and positions.dim() == 1
-
-
-def _validate_section_only(positions, query, key, head_size, cos_sin_cache, is_neox,
-                           mrope_section, mrope_interleaved) -> None:
-    """A text-only call's sections are checked too: the same arguments give the same errors
-    whatever the positions' shape (the values are left to the cache call)."""
-    validate_mrope_args(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
-                        mrope_interleaved, False)
+def _text_only(positions, cos_sin_cache, mrope_section, mrope_interleaved) -> bool:
+    """Whether the positions are text-only ([num_tokens]): vLLM's MRotaryEmbedding then rotates
+    as plain RoPE, the cache call, whose checks and shortcut take the call. The sections are
+    checked here all the same (comparisons only, nothing a repeated call need not do), so that
+    bad sections raise whatever the positions' shape; a cache that is not 2-D is left to the
+    cache call's check, which names it."""
+    if not (isinstance(positions, torch.Tensor) and positions.dim() == 1):
+        return False
+    if isinstance(cos_sin_cache, torch.Tensor) and cos_sin_cache.dim() == 2:
+        validate_mrope_sections(mrope_section, mrope_interleaved, cos_sin_cache.shape[1])
+    return True
 

@@ -360,3 +360,28 @@ def test_no_tokens_and_no_heads(seed):
                                                   16, cache, mrope_section=[2, 3, 3])
     assert k_out.shape == (4, 0)
     assert_rope_close(q_out, reference(positions, query, 16, cache, [2, 3, 3]), torch.float32)
+
+
+def test_text_positions_take_the_cache_calls_shortcut(shortcuts, seed, monkeypatch):
+    """Text-only positions go to the plain cache call whole: with validate=False a repeated call
+    is answered by its shortcut (no launch through rope_qk.launch, no M-RoPE launch), and bad
+    sections still raise on every call."""
+    from rope_kernels import rope_qk
+
+    cache = make_cache(64, 16)
+    positions = torch.randint(0, 64, (5,), generator=torch.Generator().manual_seed(seed))
+    positions = positions.to(DEVICE)
+    query, key = randn((5, 2 * 16), torch.float32, seed), randn((5, 16), torch.float32, seed + 1)
+    kwargs = dict(mrope_section=[2, 3, 3], validate=False)
+    first = apply_mrope_with_cos_sin_cache(positions, query, key, 16, cache, **kwargs)
+    launches = []
+    for module in (rope_qk, rope_mrope):
+        real = module.launch
+        monkeypatch.setattr(module, "launch",
+                            lambda *a, real=real: launches.append(1) or real(*a))
+    again = apply_mrope_with_cos_sin_cache(positions, query, key, 16, cache, **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert [e for e in shortcuts.entries.values() if e] and not launches
+    with pytest.raises(ValueError, match="mrope_section must add up"):
+        apply_mrope_with_cos_sin_cache(positions, query, key, 16, cache,
+                                       mrope_section=[2, 3, 2], validate=False)
